@@ -1,0 +1,102 @@
+import random
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from planforge.space import Space, SpaceError, categorical, fingerprint_of, gene, int_range, pow2
+
+
+def small_space():
+    return Space([gene("impl", ["a", "b", "c"]), pow2("bm", 1, 64), int_range("bk", 1, 10, 3),
+                  categorical("order", ["mk", "km"])],
+                 ["bm * bk * 4 <= 64", "impl != 'c' or bm >= 8", "order == 'mk' or bk > 1"])
+
+
+def brute(space):
+    return [space.candidate(space.from_int(n)) for n in range(space.size) if space.is_valid_index(space.from_int(n))]
+
+
+def test_knob_values():
+    assert pow2("x", 4, 64).values == (4, 8, 16, 32, 64)
+    assert int_range("x", 1, 10, 3).values == (1, 4, 7, 10)
+    with pytest.raises(SpaceError):
+        pow2("x", 3, 8)
+    with pytest.raises(SpaceError):
+        categorical("x", [])
+    with pytest.raises(SpaceError):
+        categorical("x", ["a", "a"])
+    with pytest.raises(SpaceError):
+        Space([pow2("x", 1, 2), pow2("x", 1, 4)])
+
+
+def test_size_and_lazy_enumeration_match_brute_force():
+    s = small_space()
+    assert s.size == 3 * 7 * 4 * 2
+    listed = list(s.enumerate())
+    assert [c.fingerprint for c in listed] == [c.fingerprint for c in brute(s)]
+    assert s.valid_size() == len(listed) > 0
+    it = s.enumerate()
+    assert next(it).index == listed[0].index  # lazy: a generator
+
+
+def test_sample_is_uniform_over_valid_points():
+    s = small_space()
+    rng = random.Random(1)
+    n = s.valid_size()
+    counts = Counter(s.sample(rng).fingerprint for _ in range(n * 400))
+    assert len(counts) == n
+    from scipy import stats
+    assert stats.chisquare(list(counts.values())).pvalue > 1e-4
+
+
+def test_sample_falls_back_when_rejection_fails():
+    s = Space([int_range("a", 0, 999), int_range("b", 0, 999)], ["a == 3 and b == 7"])
+    c = s.sample(random.Random(0))
+    assert c.as_dict() == {"a": 3, "b": 7}
+    empty = Space([int_range("a", 0, 3)], ["a > 10"])
+    with pytest.raises(SpaceError, match="no valid point"):
+        empty.sample(random.Random(0))
+
+
+def test_mutate_and_neighbours_stay_valid():
+    s = small_space()
+    rng = random.Random(2)
+    for c in s.enumerate():
+        m = s.mutate(c, rng)
+        if m is not None:
+            assert s.is_valid(m) and m.fingerprint != c.fingerprint
+            assert sum(a != b for a, b in zip(m.index, c.index)) == 1
+        for nb in s.neighbours(c):
+            assert s.is_valid(nb)
+            diff = [i for i, (a, b) in enumerate(zip(nb.index, c.index)) if a != b]
+            assert len(diff) == 1
+            k = s.knobs[diff[0]]
+            if k.ordered:
+                assert abs(nb.index[diff[0]] - c.index[diff[0]]) == 1
+
+
+def test_fingerprint_is_stable_across_processes():
+    s = small_space()
+    c = s.make({"impl": "b", "bm": 4, "bk": 4, "order": "km"})
+    code = ("from planforge.space import *; s=Space([gene('impl',['a','b','c']),pow2('bm',1,64),"
+            "int_range('bk',1,10,3),categorical('order',['mk','km'])]);"
+            "print(s.make({'impl':'b','bm':4,'bk':4,'order':'km'}).fingerprint)")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert other == c.fingerprint == fingerprint_of({"impl": "b", "bm": 4, "bk": 4, "order": "km"})
+
+
+def test_canon_merges_equivalent_points():
+    # two genomes that extract the same program share a fingerprint
+    s = Space([gene("x", ["a", "b"]), gene("y", ["p", "q"])], canon=lambda d: d["x"])
+    fps = {c.fingerprint for c in s.enumerate()}
+    assert len(fps) == 2
+
+
+def test_make_rejects_unknown_values():
+    s = small_space()
+    with pytest.raises(SpaceError, match="not a value"):
+        s.make({"impl": "z", "bm": 4, "bk": 4, "order": "km"})
+    with pytest.raises(SpaceError, match="missing"):
+        s.make({"impl": "a"})
