@@ -1,0 +1,9 @@
+"""Search: strategies (ask/tell), the tuning loop, ranked top-k and the finalist walk."""
+from .loop import Budget, SearchResult, Trial, search
+from .ranked import Entry, Finalist, NoValidFinalist, Ranked, Walk, rank_insert, walk_finalists
+from .strategies import STRATEGIES, Strategy, make_strategy
+
+__all__ = [
+    "Budget", "Entry", "Finalist", "NoValidFinalist", "Ranked", "STRATEGIES", "SearchResult",
+    "Strategy", "Trial", "Walk", "make_strategy", "rank_insert", "search", "walk_finalists",
+]

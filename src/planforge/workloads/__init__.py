@@ -1,0 +1,48 @@
+"""Built-in workloads, by name. ``load_workload(name, options)`` builds one."""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from .base import Manifest, Task, Workload
+from .drill import drill
+
+WORKLOADS: dict[str, Callable[..., Workload]] = {"drill": drill}
+DEFAULT_WORKLOAD = "drill"
+
+
+class WorkloadError(ValueError):
+    """An unknown workload or a bad workload option."""
+
+
+def _convert(name: str, value: Any, annotation: Any, default: Any) -> Any:
+    kind = type(default) if default is not inspect.Parameter.empty and default is not None else annotation
+    if isinstance(value, str) and kind in (int, float, bool, "int", "float", "bool"):
+        kind = {"int": int, "float": float, "bool": bool}.get(kind, kind)
+        try:
+            if kind is bool:
+                if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError(value)
+                return value.lower() in ("1", "true", "yes")
+            return kind(value)
+        except ValueError:
+            raise WorkloadError(f"option {name}={value!r}: expected {kind.__name__}") from None
+    return value
+
+
+def load_workload(name: str, options: dict[str, Any] | None = None) -> Workload:
+    """Build the built-in workload ``name`` with ``options`` (strings are converted to the option's type)."""
+    if name not in WORKLOADS:
+        raise WorkloadError(f"unknown workload {name!r}; built-in workloads: {', '.join(sorted(WORKLOADS))}")
+    build = WORKLOADS[name]
+    params = inspect.signature(build).parameters
+    kwargs = {}
+    for k, v in (options or {}).items():
+        if k not in params:
+            known = ", ".join(params) or "none"
+            raise WorkloadError(f"workload {name!r} has no option {k!r}; its options: {known}")
+        kwargs[k] = _convert(k, v, params[k].annotation, params[k].default)
+    return build(**kwargs)
+
+
+__all__ = ["DEFAULT_WORKLOAD", "Manifest", "Task", "WORKLOADS", "Workload", "WorkloadError", "load_workload"]

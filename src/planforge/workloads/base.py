@@ -1,0 +1,58 @@
+"""Workload, Task and Manifest: what the user asked to tune."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..space import Candidate, Space, fingerprint_of
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Identifies a workload exactly: id, concrete shapes, dtypes and options."""
+
+    workload: str
+    shapes: dict[str, Any] = field(default_factory=dict)
+    dtypes: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workload": self.workload, "shapes": self.shapes, "dtypes": self.dtypes, "options": self.options}
+
+    @property
+    def key(self) -> str:
+        return fingerprint_of(self.to_json())
+
+
+@dataclass
+class Task:
+    """One independently tunable piece of a workload.
+
+    Parameters:
+        key: the task's name, unique within its workload.
+        space: its plan space.
+        backend: measures its candidates.
+        weight: how often it runs per workload execution (default 1).
+        cost_model: a proxy or model (``predict``), if the task has one.
+        validators: applied to finalists in rank order.
+        peak_bytes: a plan's peak memory, for the report and memory checks.
+    """
+
+    key: str
+    space: Space
+    backend: Any
+    weight: int = 1
+    cost_model: Any = None
+    validators: Sequence[Callable[[Candidate], str | None]] = ()
+    peak_bytes: Callable[[Candidate], int] | None = None
+
+
+@dataclass
+class Workload:
+    manifest: Manifest
+    tasks: list[Task]
+    description: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.manifest.workload
