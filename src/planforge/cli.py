@@ -1,0 +1,177 @@
+"""planforge's command line: tune, spec show|validate."""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="planforge: find the fastest correct plan for a tensor program on this machine, by measuring.")
+spec_app = typer.Typer(no_args_is_help=True, help="Read and check tuning specs.")
+app.add_typer(spec_app, name="spec")
+
+out_console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            _fail(f"{what} {item!r} must look like key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _typed(options: dict[str, str]) -> dict:
+    """Strategy options: numbers where they parse as numbers."""
+    out = {}
+    for k, v in options.items():
+        for kind in (int, float):
+            try:
+                out[k] = kind(v)
+                break
+            except ValueError:
+                continue
+        else:
+            out[k] = v
+    return out
+
+
+@app.command()
+def tune(
+    workload: str = typer.Option("drill", "--workload", "-w", help="Built-in workload to tune (default: drill)."),
+    strategy: str = typer.Option("auto", "--strategy", "-s",
+                                 help="Search strategy: auto, exhaustive, random, genetic, annealing, hillclimb, "
+                                      "proxy-topk. auto is exhaustive when the space fits the budget, else genetic."),
+    budget: int = typer.Option(64, "--budget", "-b", help="Unique evaluations per task (default 64)."),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Wall seconds per task (default: none)."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the strategy; the same seed gives the same spec."),
+    keep: int = typer.Option(4, "--keep", "-k", help="Size of the ranked top-k walked by validation (default 4)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder for spec.json (default planforge-out/WORKLOAD)."),
+    records: Optional[Path] = typer.Option(None, "--records", help="Records database (default OUT/records.db)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run with the same settings."),
+    option: list[str] = typer.Option([], "--option", help="Workload option key=value (repeatable)."),
+    strategy_option: list[str] = typer.Option([], "--strategy-option", help="Strategy setting key=value (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object summarising the run, nothing else."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; summary only."),
+) -> None:
+    """Search a workload's plan space, validate the finalists and write a tuning spec."""
+    from .report import print_summary, summary_json
+    from .search import Budget
+    from .space import RestrictionError, SpaceError
+    from .spec import RecordsError, SpecError
+    from .tune import tune as run_tune
+    from .workloads import WorkloadError, load_workload
+
+    try:
+        wl = load_workload(workload, _pairs(option, "--option"))
+        b = Budget(evals=budget, seconds=time_budget)
+    except (WorkloadError, RestrictionError, SpaceError, ValueError) as e:
+        _fail(str(e))
+    out = out or Path("planforge-out") / workload
+    command = "planforge " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    show = not (as_json or quiet)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("best {task.fields[best]}"), TextColumn("{task.fields[bad]}"),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=not show,
+                        transient=True)
+    bars: dict[str, int] = {}
+    state: dict[str, dict] = {}
+
+    def on_trial(task, trial) -> None:
+        from .report import fmt_time
+
+        if task.key not in bars:
+            bars[task.key] = progress.add_task(task.key, total=budget, best="-", bad="")
+            state[task.key] = {"best": None, "bad": {}}
+        st = state[task.key]
+        o = trial.outcome
+        if o.ok and (st["best"] is None or o.metric < st["best"]):
+            st["best"] = o.metric
+        elif not o.ok:
+            st["bad"][o.category] = st["bad"].get(o.category, 0) + 1
+        bad = " ".join(f"{k}:{v}" for k, v in sorted(st["bad"].items()))
+        progress.update(bars[task.key], completed=trial.n or None, best=fmt_time(st["best"]), bad=bad)
+
+    try:
+        with progress:
+            res = run_tune(wl, strategy=strategy, budget=b, seed=seed, keep=keep, out=out, records=records,
+                           resume=resume, strategy_options=_typed(_pairs(strategy_option, "--strategy-option")),
+                           on_trial=on_trial, command=command)
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/]: every recorded measurement is kept; run the same command with "
+                          "--resume to continue")
+        raise typer.Exit(130)
+    except (RecordsError, SpecError, SpaceError, RestrictionError, ValueError) as e:
+        _fail(str(e))
+    if as_json:
+        print(json.dumps(summary_json(res), indent=2, sort_keys=True, default=str))
+    else:
+        print_summary(res, out_console)
+    if not res.ok:
+        for tr in res.tasks:
+            if tr.error:
+                err_console.print(f"[bold red]error:[/] task {tr.task.key}: {tr.error}", highlight=False)
+        raise typer.Exit(1)
+
+
+@spec_app.command("validate")
+def spec_validate(file: Path = typer.Argument(..., help="Spec file to check.")) -> None:
+    """Check a spec against the schema; exit 1 with the reason when it fails."""
+    from .spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(file)
+    except SpecError as e:
+        _fail(str(e), 1)
+    out_console.print(f"ok: {file} is a valid planforge spec (schema version {spec['schema_version']}, "
+                      f"workload {spec['manifest']['workload']})", highlight=False)
+
+
+@spec_app.command("show")
+def spec_show(file: Path = typer.Argument(..., help="Spec file to show.")) -> None:
+    """Print a spec's manifest, target and chosen plan per task."""
+    from .report import fmt_time
+    from .spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(file)
+    except SpecError as e:
+        _fail(str(e), 1)
+    m = spec["manifest"]
+    out_console.print(f"[bold]{file}[/]: workload [cyan]{m['workload']}[/] (key {m['key']}), shapes {m['shapes']}, "
+                      f"options {m['options']}")
+    out_console.print(f"target {spec['target']['backend']} {spec['target']['fingerprint']}; planforge "
+                      f"{spec['planforge_version']}; toolchain " + ", ".join(f"{k} {v}" for k, v in spec["toolchain"].items()))
+    table = Table()
+    for col in ("task", "plan", "latency", "rank", "rejected finalists", "search"):
+        table.add_column(col)
+    for key, t in spec["tasks"].items():
+        plan = ", ".join(f"{k}={v}" for k, v in t["plan"].items())
+        rej = "; ".join(f"#{f['rank']}: {'; '.join(f['reasons'])}" for f in t["rejected_finalists"]) or "-"
+        s = t["search"]
+        table.add_row(key, plan, fmt_time(t["latency_s"]), str(t["rank"]), rej,
+                      f"{s['strategy']['name']} seed {s['seed']}, {s['evaluations']} evals: {s['stop_reason']}")
+    out_console.print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Terminal summary of a tuning run (rich), and its JSON form for ``tune --json``."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..tune import TaskResult, TuneResult
+
+LOW_SPEARMAN = 0.5
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def fmt_time(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if abs(s) >= scale or unit == "ns":
+            v = s / scale
+            return f"{v:.3g} {unit}"
+    return f"{s} s"
+
+
+def fmt_count(x: float) -> str:
+    if not math.isfinite(x):
+        return "never (nothing saved)"
+    return f"{x:.3g}"
+
+
+def sparkline(values: list[float]) -> str:
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        return _BARS[0] * len(values)
+    return "".join(_BARS[int((v - lo) / (hi - lo) * (len(_BARS) - 1))] for v in values)
+
+
+def best_so_far(tr: TaskResult) -> list[float]:
+    out, best = [], math.inf
+    for t in tr.result.trials:
+        if t.n and t.outcome.ok:
+            best = min(best, t.outcome.metric)
+        if t.n:
+            out.append(best)
+    return [v for v in out if math.isfinite(v)]
+
+
+def print_summary(res: TuneResult, console: Console | None = None) -> None:
+    con = console or Console()
+    w = res.workload
+    con.print(f"[bold]planforge tune[/] workload [cyan]{w.name}[/] ({w.description}); run {res.run_id}"
+              + (" [yellow](resumed)[/]" if res.resumed else ""))
+    for note in res.notes:
+        con.print(f"[yellow]note:[/] {note}")
+    for tr in res.tasks:
+        r = tr.result
+        con.print(f"\n[bold]task {tr.task.key}[/]: strategy {tr.strategy['name']} (seed {tr.strategy.get('seed')}), "
+                  f"{r.evaluations} evaluations, {r.duplicates} duplicate proposals; stopped: {r.stop_reason}")
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(r.counts.items()))
+        con.print(f"  outcomes: {counts or 'none'}")
+        curve = best_so_far(tr)
+        if curve:
+            steps = ", ".join(f"#{n}: {fmt_time(m)}" for n, m in r.curve)
+            con.print(f"  best so far  {sparkline(curve)}  ({steps})")
+        accepted = tr.walk.accepted.rank if tr.walk else None
+        rejected = {f.rank: f for f in (tr.walk.rejected if tr.walk else (tr.error.rejected if tr.error else ()))}
+        table = Table(title=f"ranked top-{r.ranked.k}", title_justify="left")
+        for col in ("rank", "latency", "plan", "validation"):
+            table.add_column(col)
+        for i, e in enumerate(r.ranked, start=1):
+            if i == accepted:
+                verdict = "[green]accepted[/]"
+            elif i in rejected:
+                verdict = "[red]rejected[/]: " + "; ".join(rejected[i].reasons)
+            else:
+                verdict = "not reached"
+            table.add_row(str(i), fmt_time(e.metric), str(e.candidate), verdict)
+        con.print(table)
+        if tr.walk:
+            a = tr.walk.accepted
+            walked = ", ".join(f"rank {f.rank} rejected" for f in tr.walk.rejected)
+            con.print(f"  finalist walk: {walked + ', ' if walked else ''}rank {a.rank} accepted at "
+                      f"[bold green]{fmt_time(a.metric)}[/] ({a.candidate})")
+        elif tr.error:
+            con.print(f"  [red]finalist walk: {tr.error}[/]")
+        if tr.task.cost_model is not None:
+            rho = tr.proxy_spearman
+            msg = f"  proxy ({tr.task.cost_model.name}) vs measured: Spearman {rho:.2f}" if rho is not None else \
+                f"  proxy ({tr.task.cost_model.name}) vs measured: Spearman n/a (fewer than 3 distinct measurements)"
+            con.print(msg)
+            if rho is not None and rho < LOW_SPEARMAN:
+                con.print(f"  [yellow]warning: the proxy ranks poorly (Spearman {rho:.2f} < {LOW_SPEARMAN});"
+                          " do not trust proxy-only selection here[/]")
+    if res.ok:
+        first = sum((t.result.first_measured.outcome.metric if t.result.first_measured else 0) * t.task.weight
+                    for t in res.tasks)
+        con.print(f"\nbreak-even: search took {res.seconds:.3g} s and saves {fmt_time(res.saved_s)} per run over the "
+                  f"first plan measured ({fmt_time(first)}): pays back after {fmt_count(res.break_even)} runs")
+    if res.spec_path:
+        con.print(f"spec: [bold]{res.spec_path}[/]   records: {res.records_path}")
+
+
+def summary_json(res: TuneResult) -> dict[str, Any]:
+    tasks = {}
+    for tr in res.tasks:
+        r = tr.result
+        d: dict[str, Any] = {
+            "strategy": tr.strategy, "evaluations": r.evaluations, "duplicates": r.duplicates,
+            "stop_reason": r.stop_reason, "counts": dict(r.counts), "curve": [[n, m] for n, m in r.curve],
+            "ranked": [{"rank": i, "latency_s": e.metric, "plan": e.candidate.as_dict()}
+                       for i, e in enumerate(r.ranked, start=1)],
+            "proxy_spearman": tr.proxy_spearman,
+        }
+        if tr.walk:
+            d["accepted"] = tr.walk.accepted.to_json()
+            d["rejected"] = [f.to_json() for f in tr.walk.rejected]
+            d["latency_s"] = tr.walk.accepted.metric
+        else:
+            d["error"] = str(tr.error)
+            d["rejected"] = [f.to_json() for f in tr.error.rejected] if tr.error else []
+        tasks[tr.task.key] = d
+    out: dict[str, Any] = {
+        "workload": res.workload.name, "ok": res.ok, "run_id": res.run_id, "resumed": res.resumed,
+        "search_seconds": res.seconds, "saved_s_per_run": res.saved_s,
+        "break_even_runs": res.break_even if math.isfinite(res.break_even) else None,
+        "spec": str(res.spec_path) if res.spec_path else None, "records": str(res.records_path), "tasks": tasks,
+    }
+    if len(tasks) == 1:
+        only = next(iter(tasks.values()))
+        out["latency_s"] = only.get("latency_s")
+    return out

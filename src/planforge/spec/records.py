@@ -1,0 +1,173 @@
+"""Records: a SQLite database (WAL mode) of every measurement.
+
+One row per outcome, written and committed the moment it exists, so a run
+killed at any point (Ctrl-C, kill -9) loses nothing that was recorded; a run
+started again with ``resume`` replays its strategy from the seed and takes
+every outcome it already has from here instead of measuring it again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..outcome import Outcome
+from ..space import fingerprint_of
+
+USER_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    workload TEXT NOT NULL,
+    workload_key TEXT NOT NULL,
+    config_key TEXT NOT NULL,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL,          -- running | interrupted | done | failed
+    started REAL NOT NULL,
+    finished REAL,
+    command TEXT
+);
+CREATE TABLE IF NOT EXISTS measurements (
+    id INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    workload_key TEXT NOT NULL,
+    task TEXT NOT NULL,
+    target TEXT NOT NULL,          -- device fingerprint
+    fingerprint TEXT NOT NULL,     -- candidate fingerprint
+    candidate TEXT NOT NULL,       -- JSON config
+    status TEXT NOT NULL,          -- measured | invalid | rejected
+    category TEXT,                 -- T4 invalidity category
+    metric REAL,                   -- median seconds
+    times TEXT NOT NULL,           -- JSON list of every raw time (s)
+    message TEXT NOT NULL DEFAULT '',
+    evaluation INTEGER NOT NULL,   -- evaluation number in its run (0: rejected)
+    created REAL NOT NULL,
+    UNIQUE (run_id, task, fingerprint)
+);
+CREATE INDEX IF NOT EXISTS measurements_by_task ON measurements (workload_key, task, target);
+"""
+
+
+class RecordsError(RuntimeError):
+    """A records database that cannot be opened or is not planforge's."""
+
+
+@dataclass(frozen=True)
+class Record:
+    run_id: str
+    workload_key: str
+    task: str
+    target: str
+    fingerprint: str
+    candidate: dict[str, Any]
+    outcome: Outcome
+    evaluation: int
+    created: float
+
+
+class Records:
+    """The records database at ``path`` (created if missing).
+
+    Every write commits at once (autocommit); WAL mode lets readers and a
+    second writer proceed while a run is in progress."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if self.path.exists() and self.path.is_dir():
+            raise RecordsError(f"records path {self.path} is a directory, not a database file")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self.db.execute("PRAGMA busy_timeout = 60000")
+            mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            self.db.execute("PRAGMA synchronous = NORMAL")
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except sqlite3.DatabaseError as e:
+            raise RecordsError(f"{self.path} is not a planforge records database ({e})") from None
+        if version > USER_VERSION:
+            raise RecordsError(f"{self.path} was written by a newer planforge (records version {version}; "
+                               f"this one reads {USER_VERSION}); upgrade planforge")
+        if tables and not {"runs", "measurements"} <= tables:
+            raise RecordsError(f"{self.path} is an SQLite database but not planforge's records "
+                               f"(tables: {', '.join(sorted(tables))})")
+        if mode.lower() != "wal":
+            raise RecordsError(f"{self.path}: could not switch to WAL journal mode (got {mode})")
+        self.db.executescript(_SCHEMA)
+        self.db.execute(f"PRAGMA user_version = {USER_VERSION}")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "Records":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- runs ----------------------------------------------------------------
+    def start_run(self, workload: str, workload_key: str, config: dict[str, Any], command: str = "",
+                  resume: bool = False) -> tuple[str, bool]:
+        """Open a run; with ``resume``, reopen the latest unfinished run with the same
+        workload and config. Returns (run_id, resumed)."""
+        config_json = json.dumps(config, sort_keys=True)
+        config_key = fingerprint_of(config)
+        if resume:
+            row = self.db.execute(
+                "SELECT run_id FROM runs WHERE workload_key=? AND config_key=? AND status IN ('running','interrupted') "
+                "ORDER BY started DESC LIMIT 1", (workload_key, config_key)).fetchone()
+            if row:
+                self.db.execute("UPDATE runs SET status='running', finished=NULL WHERE run_id=?", (row[0],))
+                return row[0], True
+        run_id = uuid.uuid4().hex[:12]
+        self.db.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
+                        (run_id, workload, workload_key, config_key, config_json, "running", time.time(), None, command))
+        return run_id, False
+
+    def end_run(self, run_id: str, status: str = "done") -> None:
+        self.db.execute("UPDATE runs SET status=?, finished=? WHERE run_id=?", (status, time.time(), run_id))
+
+    def runs(self) -> list[dict[str, Any]]:
+        cur = self.db.execute("SELECT * FROM runs ORDER BY started")
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur]
+
+    # -- measurements ----------------------------------------------------------
+    def add(self, run_id: str, workload_key: str, task: str, target: str, fingerprint: str,
+            candidate: dict[str, Any], outcome: Outcome, evaluation: int) -> bool:
+        """Record one outcome (committed on return). False if the run already had it."""
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO measurements (run_id, workload_key, task, target, fingerprint, candidate, status,"
+            " category, metric, times, message, evaluation, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (run_id, workload_key, task, target, fingerprint, json.dumps(candidate, sort_keys=True), outcome.status,
+             outcome.category, outcome.metric, json.dumps(list(outcome.times)), outcome.message, evaluation,
+             time.time()))
+        return cur.rowcount == 1
+
+    def outcomes(self, run_id: str, task: str) -> dict[str, Outcome]:
+        """Outcomes recorded by ``run_id`` for ``task``, by candidate fingerprint."""
+        rows = self.db.execute("SELECT fingerprint, status, category, times, message FROM measurements "
+                               "WHERE run_id=? AND task=?", (run_id, task))
+        return {fp: Outcome(st, cat, tuple(json.loads(times)), msg) for fp, st, cat, times, msg in rows}
+
+    def records(self, **where: Any) -> Iterator[Record]:
+        """Every record matching the given column values (e.g. ``task=..., target=...``)."""
+        allowed = {"run_id", "workload_key", "task", "target", "fingerprint", "status"}
+        bad = set(where) - allowed
+        if bad:
+            raise ValueError(f"cannot filter records by {sorted(bad)}")
+        clause = " AND ".join(f"{k}=?" for k in where) or "1"
+        for r in self.db.execute(
+                "SELECT run_id, workload_key, task, target, fingerprint, candidate, status, category, times, message,"
+                f" evaluation, created FROM measurements WHERE {clause} ORDER BY id", tuple(where.values())):
+            yield Record(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), Outcome(r[6], r[7], tuple(json.loads(r[8])), r[9]),
+                         r[10], r[11])
+
+    def count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]

@@ -1,0 +1,189 @@
+"""The tuning driver: workload -> per-task search -> finalists -> spec, with every outcome recorded."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import __version__
+from .costmodel import break_even_runs, spearman
+from .search import Budget, NoValidFinalist, SearchResult, Trial, Walk, make_strategy, search, walk_finalists
+from .spec import Records, SCHEMA_VERSION, write_spec
+from .workloads import Task, Workload
+
+
+@dataclass
+class TaskResult:
+    task: Task
+    result: SearchResult
+    walk: Walk | None
+    strategy: dict[str, Any]
+    proxy_spearman: float | None = None
+    error: NoValidFinalist | None = None
+
+    @property
+    def saved_s(self) -> float:
+        """Time saved per execution by the accepted plan over the first plan measured."""
+        first = self.result.first_measured
+        if first is None or self.walk is None:
+            return 0.0
+        return (first.outcome.metric - self.walk.accepted.metric) * self.task.weight
+
+
+@dataclass
+class TuneResult:
+    workload: Workload
+    tasks: list[TaskResult]
+    spec: dict[str, Any] | None
+    spec_path: Path | None
+    run_id: str
+    resumed: bool
+    records_path: Path
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def saved_s(self) -> float:
+        return sum(t.saved_s for t in self.tasks)
+
+    @property
+    def break_even(self) -> float:
+        return break_even_runs(self.seconds, self.saved_s)
+
+    @property
+    def ok(self) -> bool:
+        return all(t.walk is not None for t in self.tasks)
+
+
+def toolchain() -> dict[str, str]:
+    import numpy
+    import scipy
+
+    return {"planforge": __version__, "python": platform.python_version(), "numpy": numpy.__version__,
+            "scipy": scipy.__version__}
+
+
+def _finalist_json(rank: int, e) -> dict[str, Any]:
+    return {"rank": rank, "latency_s": e.metric, "plan": e.candidate.as_dict(),
+            "fingerprint": e.candidate.fingerprint, "reasons": []}
+
+
+def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
+    r, w, t = tr.result, tr.walk, tr.task
+    acc = w.accepted
+    d: dict[str, Any] = {
+        "weight": t.weight,
+        "plan": acc.candidate.as_dict(),
+        "fingerprint": acc.candidate.fingerprint,
+        "latency_s": acc.metric,
+        "rank": acc.rank,
+        "baselines": {},
+        "ratio_vs_baseline": None,
+        "fallback": None,
+        "rejected_finalists": [f.to_json() for f in w.rejected],
+        "ranked": [_finalist_json(i, e) for i, e in enumerate(r.ranked, start=1)],
+        "search": {
+            "strategy": tr.strategy,
+            "seed": tr.strategy.get("seed", 0),
+            "budget": {"evals": budget.evals, "seconds": budget.seconds},
+            "evaluations": r.evaluations,
+            "duplicates": r.duplicates,
+            "stop_reason": r.stop_reason,
+            "curve": [[n, m] for n, m in r.curve],
+            "counts": dict(sorted(r.counts.items())),
+            "space": {"size": t.space.size, "knobs": len(t.space.knobs)},
+        },
+    }
+    if acc.peak_bytes is not None:
+        d["peak_bytes"] = acc.peak_bytes
+    if t.cost_model is not None:
+        measured = [x for x in r.trials if x.outcome.ok]
+        d["proxy"] = {"name": t.cost_model.name, "spearman": tr.proxy_spearman, "pairs": len(measured)}
+    return d
+
+
+def build_spec(workload: Workload, tasks: list[TaskResult], budget: Budget) -> dict[str, Any]:
+    backend = tasks[0].task.backend
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "planforge_version": __version__,
+        "manifest": {**workload.manifest.to_json(), "key": workload.manifest.key},
+        "target": {"backend": backend.name, "fingerprint": backend.fingerprint},
+        "toolchain": toolchain(),
+        "tasks": {tr.task.key: task_spec(tr, budget) for tr in tasks},
+    }
+
+
+def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(evals=64), seed: int = 0,
+         keep: int = 4, out: str | os.PathLike | None = None, records: str | os.PathLike | None = None,
+         resume: bool = False, strategy_options: dict[str, Any] | None = None,
+         on_trial: Callable[[Task, Trial], None] | None = None, command: str = "") -> TuneResult:
+    """Tune every task of ``workload``; write ``out/spec.json`` when ``out`` is given.
+
+    Parameters:
+        strategy: a name from ``planforge.search.STRATEGIES`` or ``auto``.
+        budget: per task: unique evaluations and/or seconds.
+        seed: seeds the strategy; the same seed gives the same spec.
+        keep: size of the ranked top-k that the finalist walk goes through.
+        records: the records database (default ``out/records.db``, or
+            ``./planforge-records.db`` without ``out``).
+        resume: continue the latest interrupted run with the same workload and
+            settings, taking every recorded outcome instead of measuring it.
+        on_trial: called with each outcome as it arrives (progress display).
+    """
+    t0 = time.perf_counter()
+    out_path = Path(out) if out is not None else None
+    rec_path = Path(records) if records is not None else (out_path / "records.db" if out_path else Path("planforge-records.db"))
+    config = {"strategy": strategy, "seed": seed, "budget": [budget.evals, budget.seconds], "keep": keep,
+              "options": strategy_options or {}, "targets": [t.backend.fingerprint for t in workload.tasks]}
+    db = Records(rec_path)
+    try:
+        run_id, resumed = db.start_run(workload.name, workload.manifest.key, config, command, resume)
+        notes = [] if resumed or not resume else ["nothing to resume with these settings: started a new run"]
+        results: list[TaskResult] = []
+        try:
+            for task in workload.tasks:
+                results.append(_tune_task(db, run_id, workload, task, strategy, budget, seed, keep,
+                                          strategy_options or {}, on_trial))
+        except KeyboardInterrupt:
+            db.end_run(run_id, "interrupted")
+            raise
+        except BaseException:
+            db.end_run(run_id, "failed")
+            raise
+        ok = all(r.walk is not None for r in results)
+        spec = build_spec(workload, results, budget) if ok else None
+        spec_path = write_spec(spec, out_path / "spec.json") if (spec and out_path) else None
+        db.end_run(run_id, "done" if ok else "failed")
+        return TuneResult(workload, results, spec, spec_path, run_id, resumed, rec_path,
+                          time.perf_counter() - t0, notes)
+    finally:
+        db.close()
+
+
+def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strategy: str, budget: Budget,
+               seed: int, keep: int, options: dict[str, Any], on_trial) -> TaskResult:
+    strat = make_strategy(strategy, task.space, seed, budget=budget.evals, cost_model=task.cost_model, **options)
+    cache = db.outcomes(run_id, task.key)
+
+    def record(trial: Trial) -> None:
+        if not trial.cached:
+            db.add(run_id, workload.manifest.key, task.key, task.backend.fingerprint, trial.candidate.fingerprint,
+                   trial.candidate.as_dict(), trial.outcome, trial.n)
+        if on_trial:
+            on_trial(task, trial)
+
+    result = search(task.space, strat, task.backend, budget, keep=keep, cache=cache, on_trial=record)
+    rho = None
+    if task.cost_model is not None:
+        measured = [x for x in result.trials if x.outcome.ok]
+        rho = spearman(task.cost_model.predict([x.candidate for x in measured]), [x.outcome.metric for x in measured])
+    try:
+        walk = walk_finalists(result.ranked, task.validators, task.peak_bytes)
+        err = None
+    except NoValidFinalist as e:
+        walk, err = None, e
+    return TaskResult(task, result, walk, strat.describe(), rho, err)

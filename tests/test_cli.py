@@ -1,0 +1,66 @@
+import json
+
+from planforge.spec import load_spec
+
+
+def test_default_tune_writes_spec_and_summary(cli, tmp_path):
+    r = cli("tune", cwd=tmp_path, check=True)
+    spec = load_spec(tmp_path / "planforge-out" / "drill" / "spec.json")
+    assert spec["manifest"]["workload"] == "drill"
+    for part in ("best so far", "ranked top-4", "finalist walk", "Spearman", "break-even", "spec:"):
+        assert part in r.stdout, part
+
+
+def test_issue_command_and_summary(cli, tmp_path):
+    r = cli("tune", "--workload", "drill", "--strategy", "genetic", "--budget", "24", "--seed", "0",
+            "--out", tmp_path, check=True)
+    assert "rank 1 rejected, rank 2 rejected, rank 3 accepted at 103 ns" in r.stdout
+    assert "50 consecutive proposals of already-measured candidates" in r.stdout
+    assert "pays back after" in r.stdout
+
+
+def test_json_output(cli, tmp_path):
+    r = cli("tune", "--strategy", "exhaustive", "--budget", "24", "--out", tmp_path, "--json", check=True)
+    d = json.loads(r.stdout)
+    assert d["ok"] and d["latency_s"] == 103e-9
+    t = d["tasks"]["mlp_layer"]
+    assert t["evaluations"] == 24 and round(t["proxy_spearman"], 2) == 0.83
+    assert [f["rank"] for f in t["rejected"]] == [1, 2]
+
+
+def test_all_finalists_rejected_is_a_clear_error(cli, tmp_path):
+    r = cli("tune", "--strategy", "proxy-topk", "--budget", "3", "--keep", "3", "--out", tmp_path)
+    assert r.returncode == 1
+    assert "all 3 finalists were rejected" in r.stderr and "fp16 accumulation" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_inputs_give_clear_errors(cli, tmp_path):
+    cases = [
+        (["tune", "--workload", "nope"], "unknown workload 'nope'"),
+        (["tune", "--strategy", "nope", "--out", tmp_path], "unknown strategy 'nope'"),
+        (["tune", "--option", "delay_s=fast", "--out", tmp_path], "expected float"),
+        (["tune", "--option", "colour=red", "--out", tmp_path], "has no option 'colour'"),
+        (["tune", "--option", "novalue", "--out", tmp_path], "must look like key=value"),
+        (["tune", "--budget", "0", "--out", tmp_path], "budget must be positive"),
+        (["tune", "--keep", "0", "--out", tmp_path], "keep must be at least 1"),
+        (["tune", "--records", tmp_path, "--out", tmp_path], "is a directory"),
+    ]
+    for args, msg in cases:
+        r = cli(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert msg in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+def test_spec_validate_and_show(cli, tmp_path):
+    cli("tune", "--out", tmp_path, "--quiet", check=True)
+    spec = tmp_path / "spec.json"
+    r = cli("spec", "validate", spec, check=True)
+    assert "is a valid planforge spec" in r.stdout
+    r = cli("spec", "show", spec, check=True)
+    assert "mlp_layer" in r.stdout and "103 ns" in r.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    r = cli("spec", "validate", bad)
+    assert r.returncode == 1 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr
