@@ -21,3 +21,21 @@ def run_cli(*args, cwd=None, check=False, timeout=120, env=None):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# kernel workloads in tests (and the CLI subprocesses they start) accept a quick device profile
+os.environ.setdefault("PLANFORGE_PROBE", "quick")
+
+
+@pytest.fixture(scope="session")
+def profile():
+    from planforge.backends.probe import get_profile
+
+    return get_profile(quick=True)
+
+
+@pytest.fixture(scope="session")
+def lim(profile):
+    from planforge.kernels.cpu import limits
+
+    return limits(profile)

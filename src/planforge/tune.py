@@ -10,9 +10,14 @@ from typing import Any, Callable
 
 from . import __version__
 from .costmodel import break_even_runs, spearman
-from .search import Budget, NoValidFinalist, SearchResult, Trial, Walk, make_strategy, search, walk_finalists
+from .outcome import Outcome
+from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, Walk, make_strategy, search, walk_finalists
 from .spec import Records, SCHEMA_VERSION, write_spec
 from .workloads import Task, Workload
+
+
+FALLBACK_WITHIN = 0.95
+FINALIST_ROUNDS = 3
 
 
 @dataclass
@@ -23,6 +28,39 @@ class TaskResult:
     strategy: dict[str, Any]
     proxy_spearman: float | None = None
     error: NoValidFinalist | None = None
+    ranked: Ranked | None = None  # after re-measuring the finalists (the search's own when not re-measured)
+    baselines: dict[str, Outcome] = field(default_factory=dict)
+
+    @property
+    def best_library(self) -> tuple[str, float] | None:
+        ok = [(o.metric, name) for name, o in sorted(self.baselines.items()) if o.ok]
+        return (min(ok)[1], min(ok)[0]) if ok else None
+
+    @property
+    def ratio_vs_library(self) -> float | None:
+        lib = self.best_library
+        return self.walk.accepted.metric / lib[1] if (lib and self.walk) else None
+
+    @property
+    def fallback(self) -> dict[str, str] | None:
+        """The 95% rule: a tuned kernel slower than 95% of the best library's speed gives way to the library."""
+        lib = self.best_library
+        if lib is None or self.walk is None:
+            return None
+        ratio = self.walk.accepted.metric / lib[1]
+        if ratio * FALLBACK_WITHIN <= 1.0:
+            return None
+        return {"to": lib[0], "reason": f"the tuned kernel reaches {100 / ratio:.0f}% of {lib[0]}'s speed "
+                                        f"({self.walk.accepted.metric:.4g} s vs {lib[1]:.4g} s), below the "
+                                        f"{100 * FALLBACK_WITHIN:.0f}% rule"}
+
+    @property
+    def selected_latency(self) -> float | None:
+        """Latency of what the plan runs: the tuned kernel, or the library it fell back to."""
+        fb = self.fallback
+        if fb:
+            return self.baselines[fb["to"]].metric
+        return self.walk.accepted.metric if self.walk else None
 
     @property
     def saved_s(self) -> float:
@@ -30,7 +68,7 @@ class TaskResult:
         first = self.result.first_measured
         if first is None or self.walk is None:
             return 0.0
-        return (first.outcome.metric - self.walk.accepted.metric) * self.task.weight
+        return (first.outcome.metric - self.selected_latency) * self.task.weight
 
 
 @dataclass
@@ -74,17 +112,19 @@ def _finalist_json(rank: int, e) -> dict[str, Any]:
 def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
     r, w, t = tr.result, tr.walk, tr.task
     acc = w.accepted
+    lib = tr.best_library
     d: dict[str, Any] = {
         "weight": t.weight,
         "plan": acc.candidate.as_dict(),
         "fingerprint": acc.candidate.fingerprint,
         "latency_s": acc.metric,
         "rank": acc.rank,
-        "baselines": {},
-        "ratio_vs_baseline": None,
-        "fallback": None,
+        "baselines": {name: o.metric for name, o in sorted(tr.baselines.items()) if o.ok},
+        "ratio_vs_baseline": tr.ratio_vs_library,
+        "fallback": tr.fallback,
+        "selected": tr.fallback["to"] if tr.fallback else "tuned",
         "rejected_finalists": [f.to_json() for f in w.rejected],
-        "ranked": [_finalist_json(i, e) for i, e in enumerate(r.ranked, start=1)],
+        "ranked": [_finalist_json(i, e) for i, e in enumerate(tr.ranked or r.ranked, start=1)],
         "search": {
             "strategy": tr.strategy,
             "seed": tr.strategy.get("seed", 0),
@@ -99,6 +139,11 @@ def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
     }
     if acc.peak_bytes is not None:
         d["peak_bytes"] = acc.peak_bytes
+    if lib is not None:
+        d["library_latency_s"] = lib[1]
+    failed = {n: f"{o.category}: {o.message[:200]}" for n, o in sorted(tr.baselines.items()) if not o.ok}
+    if failed:
+        d["baseline_failures"] = failed
     if t.cost_model is not None:
         measured = [x for x in r.trials if x.outcome.ok]
         d["proxy"] = {"name": t.cost_model.name, "spearman": tr.proxy_spearman, "pairs": len(measured)}
@@ -144,6 +189,7 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         run_id, resumed = db.start_run(workload.name, workload.manifest.key, config, command, resume)
         notes = [] if resumed or not resume else ["nothing to resume with these settings: started a new run"]
         results: list[TaskResult] = []
+        closers = [t.backend.close for t in workload.tasks if hasattr(t.backend, "close")]
         try:
             for task in workload.tasks:
                 results.append(_tune_task(db, run_id, workload, task, strategy, budget, seed, keep,
@@ -154,6 +200,9 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         except BaseException:
             db.end_run(run_id, "failed")
             raise
+        finally:
+            for close in closers:
+                close()
         ok = all(r.walk is not None for r in results)
         spec = build_spec(workload, results, budget) if ok else None
         spec_path = write_spec(spec, out_path / "spec.json") if (spec and out_path) else None
@@ -181,9 +230,20 @@ def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strateg
     if task.cost_model is not None:
         measured = [x for x in result.trials if x.outcome.ok]
         rho = spearman(task.cost_model.predict([x.candidate for x in measured]), [x.outcome.metric for x in measured])
+    ranked, baselines = result.ranked, {}
+    if hasattr(task.backend, "remeasure") and len(ranked):
+        # re-measure the finalists and the libraries interleaved, then choose on those times
+        cands = [e.candidate for e in ranked]
+        outs, baselines = task.backend.remeasure(cands, rounds=FINALIST_ROUNDS)
+        ranked = Ranked(keep)
+        for c, o in zip(cands, outs):
+            if o.ok:
+                ranked.insert(o.metric, c, o)
+    elif hasattr(task.backend, "baselines"):
+        baselines = task.backend.baselines()
     try:
-        walk = walk_finalists(result.ranked, task.validators, task.peak_bytes)
+        walk = walk_finalists(ranked, task.validators, task.peak_bytes)
         err = None
     except NoValidFinalist as e:
         walk, err = None, e
-    return TaskResult(task, result, walk, strat.describe(), rho, err)
+    return TaskResult(task, result, walk, strat.describe(), rho, err, ranked, baselines)

@@ -67,10 +67,12 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
             con.print(f"  best so far  {sparkline(curve)}  ({steps})")
         accepted = tr.walk.accepted.rank if tr.walk else None
         rejected = {f.rank: f for f in (tr.walk.rejected if tr.walk else (tr.error.rejected if tr.error else ()))}
-        table = Table(title=f"ranked top-{r.ranked.k}", title_justify="left")
+        ranked = tr.ranked or r.ranked
+        table = Table(title=f"ranked top-{ranked.k}" + (" (re-measured)" if tr.ranked is not r.ranked else ""),
+                      title_justify="left")
         for col in ("rank", "latency", "plan", "validation"):
             table.add_column(col)
-        for i, e in enumerate(r.ranked, start=1):
+        for i, e in enumerate(ranked, start=1):
             if i == accepted:
                 verdict = "[green]accepted[/]"
             elif i in rejected:
@@ -86,6 +88,14 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
                       f"[bold green]{fmt_time(a.metric)}[/] ({a.candidate})")
         elif tr.error:
             con.print(f"  [red]finalist walk: {tr.error}[/]")
+        if tr.baselines:
+            libs = ", ".join(f"{n} {fmt_time(o.metric)}" if o.ok else f"{n} failed ({o.category})"
+                             for n, o in sorted(tr.baselines.items()))
+            con.print(f"  libraries (same inputs, re-measured interleaved with the finalists): {libs}")
+            if tr.ratio_vs_library is not None:
+                con.print(f"  tuned / best library = {tr.ratio_vs_library:.3f}")
+            if tr.fallback:
+                con.print(f"  [yellow]fallback to {tr.fallback['to']}[/]: {tr.fallback['reason']}")
         if tr.task.cost_model is not None:
             rho = tr.proxy_spearman
             msg = f"  proxy ({tr.task.cost_model.name}) vs measured: Spearman {rho:.2f}" if rho is not None else \
@@ -114,6 +124,12 @@ def summary_json(res: TuneResult) -> dict[str, Any]:
                        for i, e in enumerate(r.ranked, start=1)],
             "proxy_spearman": tr.proxy_spearman,
         }
+        if tr.baselines:
+            lib = tr.best_library
+            d["baselines"] = {n: o.metric for n, o in sorted(tr.baselines.items())}
+            d["library_latency_s"] = lib[1] if lib else None
+            d["ratio_vs_library"] = tr.ratio_vs_library
+            d["fallback"] = tr.fallback
         if tr.walk:
             d["accepted"] = tr.walk.accepted.to_json()
             d["rejected"] = [f.to_json() for f in tr.walk.rejected]
@@ -130,5 +146,7 @@ def summary_json(res: TuneResult) -> dict[str, Any]:
     }
     if len(tasks) == 1:
         only = next(iter(tasks.values()))
-        out["latency_s"] = only.get("latency_s")
+        for k in ("latency_s", "library_latency_s", "ratio_vs_library", "fallback"):
+            if k in only:
+                out[k] = only[k]
     return out

@@ -114,7 +114,10 @@ class Candidate:
         return dict(self.config)
 
     def __str__(self) -> str:
-        return "/".join(str(v) for _, v in self.config)
+        """Gene choices read best as a path (``cublaslt/fused/col/fp32``), numeric knobs as ``k=v``."""
+        if all(isinstance(v, str) for _, v in self.config):
+            return "/".join(v for _, v in self.config)
+        return " ".join(f"{k}={v}" for k, v in self.config)
 
 
 @dataclass

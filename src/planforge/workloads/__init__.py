@@ -6,8 +6,11 @@ from typing import Any, Callable
 
 from .base import Manifest, Task, Workload
 from .drill import drill
+from .kernels import eltwise, gemm, gemv, layernorm, softmax
 
-WORKLOADS: dict[str, Callable[..., Workload]] = {"drill": drill}
+WORKLOADS: dict[str, Callable[..., Workload]] = {
+    "drill": drill, "gemm": gemm, "gemv": gemv, "softmax": softmax, "layernorm": layernorm, "eltwise": eltwise,
+}
 DEFAULT_WORKLOAD = "drill"
 
 
@@ -42,7 +45,10 @@ def load_workload(name: str, options: dict[str, Any] | None = None) -> Workload:
             known = ", ".join(params) or "none"
             raise WorkloadError(f"workload {name!r} has no option {k!r}; its options: {known}")
         kwargs[k] = _convert(k, v, params[k].annotation, params[k].default)
-    return build(**kwargs)
+    try:
+        return build(**kwargs)
+    except ValueError as e:  # ProblemError and friends: bad shapes, epilogues
+        raise WorkloadError(f"workload {name!r}: {e}") from None
 
 
 __all__ = ["DEFAULT_WORKLOAD", "Manifest", "Task", "WORKLOADS", "Workload", "WorkloadError", "load_workload"]

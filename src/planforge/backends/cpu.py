@@ -1,0 +1,143 @@
+"""CPU backend: build candidates from C templates, measure them in an isolated worker.
+
+Builds run in parallel worker processes and are cached by content hash; a
+compile error is a ``compile`` outcome with the compiler's message. Each
+measurement runs in a long-lived, isolated worker process with an adaptive
+timeout: a segfault is a ``runtime`` outcome, a hang a ``timeout``, a write
+outside the output buffer a ``runtime``, a wrong answer a ``correctness``.
+The library baselines (numpy, torch) run through the same worker and timing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..kernels.build import BuildError, build_many
+from ..kernels.cpu import Problem, Template, available_libraries
+from ..kernels.cpu.job import run_job
+from ..measure import AdaptiveTimeout, TimingConfig, Worker
+from ..outcome import Outcome
+from ..space import Candidate
+
+LOG_LIMIT = 4000
+
+
+@dataclass
+class CpuBackend:
+    """Measures candidates of ``template`` on ``problem`` on this machine.
+
+    Parameters:
+        problem: the kernel invocation (op, shapes, epilogue).
+        template: the kernel template whose knobs the candidates set.
+        profile: the DeviceProfile of this machine (its fingerprint tags every time).
+        timing: the timing protocol (default ``TimingConfig()``).
+        seed: seeds the inputs (default 0).
+        memory_limit: address-space limit of the measurement worker, bytes (default none).
+        timeout: adaptive per-measurement timeout (default 10x the fastest, 5..120 s).
+    """
+
+    problem: Problem
+    template: Template
+    profile: object
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    seed: int = 0
+    memory_limit: int | None = None
+    timeout: AdaptiveTimeout = field(default_factory=AdaptiveTimeout)
+    name: str = "cpu"
+
+    def __post_init__(self):
+        self.fingerprint = self.profile.fingerprint
+        self.worker = Worker(self.memory_limit)
+        self._libs: dict[str, str] = {}  # candidate fingerprint -> built library path
+        self.build_seconds = 0.0
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "fingerprint": self.fingerprint, "template": self.template.name,
+                "problem": self.problem.to_json(), "timing": self.timing.to_json()}
+
+    def _job(self, impl: str, knobs: dict | None = None, lib: str | None = None) -> dict:
+        return {"problem": self.problem.to_json(), "seed": self.seed, "impl": impl, "knobs": knobs, "lib": lib,
+                "template": f"{self.template.registry}:{self.template.name}", "timing": self.timing.to_json()}
+
+    def _run(self, job: dict) -> Outcome:
+        r = self.worker.run(run_job, (job,), timeout=self.timeout())
+        if r.status == "ok":
+            v = r.value
+            if v["status"] == "ok":
+                self.timeout.observe(r.wall_s)
+                return Outcome.measured(v["times"])
+            return Outcome.invalid(v["status"], v["message"])
+        if r.status == "timeout":
+            return Outcome.invalid("timeout", r.message)
+        return Outcome.invalid("runtime", r.message[:LOG_LIMIT])
+
+    def build(self, candidates: Sequence[Candidate]) -> list[str | Outcome]:
+        """Library path per candidate, or the ``compile`` outcome that stopped it."""
+        import time
+
+        t0 = time.perf_counter()
+        knobs = [c.as_dict() for c in candidates]
+        try:
+            jobs = [(self.template.source(self.problem, k), self.template.openmp(k)) for k in knobs]
+        except (KeyError, ValueError, TypeError) as e:  # a template that cannot render these knobs
+            return [Outcome.invalid("compile", f"source generation failed: {e}") for _ in candidates]
+        out: list[str | Outcome] = []
+        for c, (built, err, log) in zip(candidates, build_many(jobs)):
+            if built is None:
+                out.append(Outcome.invalid("compile", f"{err}\n{log[:LOG_LIMIT]}"))
+            else:
+                self._libs[c.fingerprint] = str(built.path)
+                out.append(str(built.path))
+        self.build_seconds += time.perf_counter() - t0
+        return out
+
+    def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
+        built = self.build(candidates)
+        return [b if isinstance(b, Outcome) else self._run(self._job("kernel", c.as_dict(), b))
+                for c, b in zip(candidates, built)]
+
+    def baselines(self, libraries: Sequence[str] | None = None) -> dict[str, Outcome]:
+        """Each library implementation of the same op on the same inputs, measured the same way."""
+        return {lib: self._run(self._job(lib)) for lib in (libraries or available_libraries())}
+
+    def remeasure(self, candidates: Sequence[Candidate], libraries: Sequence[str] | None = None,
+                  rounds: int = 3) -> tuple[list[Outcome], dict[str, Outcome]]:
+        """Measure finalists and baselines again, interleaved round by round, so
+        that a slow phase of a noisy machine hits them all alike. Raw times of
+        all rounds are pooled."""
+        libs = list(libraries or available_libraries())
+        times: dict[str, list[float]] = {}
+        failed: dict[str, Outcome] = {}
+        names = [c.fingerprint for c in candidates] + libs
+        for _ in range(rounds):
+            for c in candidates:
+                if c.fingerprint in failed:
+                    continue
+                lib = self._libs.get(c.fingerprint)
+                if lib is None:
+                    b = self.build([c])[0]
+                    if isinstance(b, Outcome):
+                        failed[c.fingerprint] = b
+                        continue
+                    lib = b
+                o = self._run(self._job("kernel", c.as_dict(), lib))
+                if o.ok:
+                    times.setdefault(c.fingerprint, []).extend(o.times)
+                else:
+                    failed[c.fingerprint] = o
+            for lib in libs:
+                if lib in failed:
+                    continue
+                o = self._run(self._job(lib))
+                if o.ok:
+                    times.setdefault(lib, []).extend(o.times)
+                else:
+                    failed[lib] = o
+        res = {n: failed.get(n) or Outcome.measured(times[n]) for n in names}
+        return [res[c.fingerprint] for c in candidates], {lib: res[lib] for lib in libs}
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+__all__ = ["BuildError", "CpuBackend"]

@@ -1,0 +1,100 @@
+"""C building blocks shared by the CPU templates: SIMD types, exp/GELU, epilogues.
+
+Vectors are GCC vector extensions of ``V`` floats: with ``-march=native`` the
+compiler lowers them to AVX2/AVX-512 (or SSE/NEON), contracting ``a*b+c`` into
+FMA instructions; ``V == 1`` is the plain scalar fallback for any ISA.
+"""
+from __future__ import annotations
+
+EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu")
+EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}
+
+# sqrt(2/pi) and the cubic coefficient of the tanh form of GELU
+GELU_C0, GELU_C1 = 0.7978845608028654, 0.044715
+
+HEADER = r"""
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifndef V
+#define V 8
+#endif
+
+static inline float s_exp(float x) { return expf(x); }
+static inline float s_gelu(float x) {
+    float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+static inline float s_epi(float x, float b, int epi) {
+    if (epi >= 1) x += b;
+    if (epi == 2) x = x > 0.0f ? x : 0.0f;
+    if (epi == 3) x = s_gelu(x);
+    return x;
+}
+
+#if V > 1
+typedef float vf __attribute__((vector_size(V * 4)));
+typedef int32_t vi __attribute__((vector_size(V * 4)));
+static inline vf vload(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static inline vf vset(float x) { return (vf){0} + x; }
+static inline vf vsel(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+static inline vf vmaxf(vf a, vf b) { return vsel(a > b, a, b); }
+static inline vf vminf(vf a, vf b) { return vsel(a < b, a, b); }
+static inline float vsum(vf v) { float s = 0; for (int i = 0; i < V; i++) s += v[i]; return s; }
+static inline float vmaxr(vf v) { float s = v[0]; for (int i = 1; i < V; i++) s = v[i] > s ? v[i] : s; return s; }
+/* exp with Cephes' range reduction and polynomial: relative error ~2e-7 on [-87, 88] */
+static inline vf vexp(vf x) {
+    x = vminf(vmaxf(x, vset(-87.3f)), vset(88.3f));
+    vf t = x * 1.44269504088896341f + 128.5f;           /* > 0, so truncation is floor */
+    vi n = __builtin_convertvector(t, vi) - 128;
+    vf nf = __builtin_convertvector(n, vf);
+    vf r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+    vf p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    vf y = p * r * r + r + 1.0f;
+    vi e = (n + 127) << 23;
+    return y * (vf)e;
+}
+static inline vf vgelu(vf x) {
+    vf u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    vf th = 1.0f - 2.0f / (vexp(2.0f * u) + 1.0f);
+    return 0.5f * x * (1.0f + th);
+}
+static inline vf vepi(vf x, vf b, int epi) {
+    if (epi >= 1) x += b;
+    if (epi == 2) x = vmaxf(x, vset(0.0f));
+    if (epi == 3) x = vgelu(x);
+    return x;
+}
+#else
+typedef float vf;
+static inline vf vload(const float *p) { return *p; }
+static inline void vstore(float *p, vf v) { *p = v; }
+static inline vf vset(float x) { return x; }
+static inline vf vepi(vf x, vf b, int epi) { return s_epi(x, b, epi); }
+static inline vf vmaxf(vf a, vf b) { return a > b ? a : b; }
+static inline vf vexp(vf x) { return expf(x); }
+static inline vf vgelu(vf x) { return s_gelu(x); }
+static inline float vsum(vf v) { return v; }
+static inline float vmaxr(vf v) { return v; }
+#endif
+
+/* scratch that lives as long as the thread: packing buffers are reused across calls */
+static inline float *scratch(float **buf, size_t *cap, size_t n) {
+    if (*cap < n) {
+        free(*buf);
+        *buf = aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
+        *cap = *buf ? n : 0;
+    }
+    return *buf;
+}
+"""

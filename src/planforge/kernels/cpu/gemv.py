@@ -1,0 +1,131 @@
+"""GEMV template for batch-1 inference: y = act(x @ W + bias), x: [K], W: [K, N].
+
+Each block of ``jb`` vectors of output columns keeps ``ksplit`` independent
+sets of accumulators (more FMA chains in flight) and streams W row by row
+(``w_layout="row"``) or from a pre-packed layout (``"packed"``: W rearranged
+once into [N / (jb*V)] panels of [K][jb*V] contiguous floats, so each block
+streams one contiguous region). Blocks are split over ``threads``.
+
+Compile-time knobs: vec, jb, ksplit, unroll, w_layout; runtime: threads.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from ...space import Space, categorical
+from .common import EPI_CODE, HEADER
+
+COMPILE_KNOBS = ("vec", "jb", "ksplit", "unroll", "w_layout")
+
+
+class GemvArgs(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_void_p), ("W", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p),
+                ("N", ctypes.c_int), ("K", ctypes.c_int), ("threads", ctypes.c_int)]
+
+
+def space(N: int, K: int, profile) -> Space:
+    lanes = profile.vector_lanes
+    vecs = tuple(v for v in (4, 8, 16) if v <= lanes) or (1,)
+    return Space(
+        [
+            categorical("vec", vecs),
+            categorical("jb", (1, 2, 4, 8)),
+            categorical("ksplit", (1, 2, 4)),
+            categorical("unroll", (1, 2, 4, 8)),
+            categorical("w_layout", ("row", "packed")),
+            categorical("threads", tuple(range(1, profile.physical_cores + 1))),
+        ],
+        [
+            "jb * ksplit + jb + 1 <= vregs",
+            "jb * vec <= max(vec, n)",
+            "ksplit <= k",
+            # at least one block per thread
+            "threads == 1 or n >= threads * jb * vec",
+        ],
+        constants={"n": N, "k": K, "vregs": profile.vector_registers},
+    )
+
+
+def source(knobs: dict[str, Any], epilogue: str) -> str:
+    jb, ks = knobs["jb"], knobs["ksplit"]
+    packed = knobs["w_layout"] == "packed"
+    w_at = (lambda kk, v: f"wp + (long)({kk}) * JBV + {v} * V") if packed else (lambda kk, v: f"W + (long)({kk}) * N + j0 + {v} * V")
+    L = [f"#define V {knobs['vec']}\n#define JB {jb}\n#define JBV (JB * V)\n#define EPI {EPI_CODE[epilogue]}", HEADER]
+    L.append("static inline void block(const float *restrict x, const float *restrict W, const float *restrict wp,"
+             " const float *restrict bias, float *restrict y, int N, int K, int j0) {")
+    for s in range(ks):
+        L.append("    " + " ".join(f"vf a{s}_{v} = vset(0.0f);" for v in range(jb)))
+    L.append("    int k = 0;")
+    L.append(f"    #pragma GCC unroll {knobs['unroll']}")
+    L.append(f"    for (; k + {ks} <= K; k += {ks}) {{")
+    for s in range(ks):
+        L.append(f"        {{ vf xv = vset(x[k + {s}]); " +
+                 " ".join(f"a{s}_{v} = xv * vload({w_at(f'k + {s}', v)}) + a{s}_{v};" for v in range(jb)) + " }")
+    L.append("    }")
+    L.append("    for (; k < K; k++) { vf xv = vset(x[k]); " +
+             " ".join(f"a0_{v} = xv * vload({w_at('k', v)}) + a0_{v};" for v in range(jb)) + " }")
+    for v in range(jb):
+        tot = " + ".join(f"a{s}_{v}" for s in range(ks))
+        L.append(f"    {{ vf t = {tot}; vf b = EPI ? vload(bias + j0 + {v} * V) : vset(0.0f);"
+                 f" vstore(y + j0 + {v} * V, vepi(t, b, EPI)); }}")
+    L.append("}")
+    L.append(r"""
+typedef struct { const float *x, *W, *bias; float *y; int N, K, threads; } gemv_args;
+
+void pf_gemv(const gemv_args *g) {
+    const int N = g->N, K = g->K, nblk = N / JBV;
+    const float *W = g->W;
+#ifdef _OPENMP
+    #pragma omp parallel for schedule(static) num_threads(g->threads) if (g->threads > 1)
+#endif
+    for (int b = 0; b < nblk; b++)
+        block(g->x, W, """ + ("W + (long)b * K * JBV" if packed else "NULL") + r""", g->bias, g->y, N, K, b * JBV);
+    /* columns past the last full block: the packed layout keeps them row-major after the panels */
+    const float *tail = """ + ("W + (long)nblk * K * JBV" if packed else "W + nblk * JBV") + r""";
+    const long tld = """ + ("N - nblk * JBV" if packed else "N") + r""";
+    for (int j = nblk * JBV; j < N; j++) {
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) s += g->x[k] * tail[(long)k * tld + (j - nblk * JBV)];
+        g->y[j] = s_epi(s, EPI ? g->bias[j] : 0.0f, EPI);
+    }
+}
+""")
+    return "\n".join(L)
+
+
+def pack_weights(W: np.ndarray, knobs: dict[str, Any]) -> np.ndarray:
+    """W [K, N] in the layout the kernel reads (a copy; row layout returns W itself)."""
+    if knobs["w_layout"] == "row":
+        return W
+    K, N = W.shape
+    jbv = knobs["jb"] * knobs["vec"]
+    nblk = N // jbv
+    panels = W[:, : nblk * jbv].reshape(K, nblk, jbv).transpose(1, 0, 2).ravel()
+    tail = W[:, nblk * jbv:].ravel()
+    return np.ascontiguousarray(np.concatenate([panels, tail]), dtype=np.float32)
+
+
+def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, W, bias, y):
+    K, N = W.shape
+    Wk = pack_weights(W, knobs)
+    args = GemvArgs(x.ctypes.data, Wk.ctypes.data, bias.ctypes.data if bias is not None else None, y.ctypes.data,
+                    N, K, knobs["threads"])
+    fn = lib.pf_gemv
+    fn.argtypes = [ctypes.c_void_p]
+    fn.restype = None
+    ptr = ctypes.addressof(args)
+    keep = (x, W, Wk, bias, y, args)
+
+    def run(fn=fn, ptr=ptr, keep=keep):
+        fn(ptr)
+
+    return run
+
+
+def features(N: int, K: int, knobs: dict[str, Any]) -> dict[str, float]:
+    jbv = knobs["jb"] * knobs["vec"]
+    return {"jbv": jbv, "chains": knobs["jb"] * knobs["ksplit"], "tail_cols": N % jbv, "threads": knobs["threads"],
+            "packed": float(knobs["w_layout"] == "packed"), "unroll": knobs["unroll"], "vec": knobs["vec"]}

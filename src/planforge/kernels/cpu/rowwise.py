@@ -1,0 +1,167 @@
+"""Row-wise templates over a [rows, cols] fp32 tensor: softmax, layernorm, elementwise chains.
+
+Each row is processed with ``vec``-wide vectors (1 is scalar), the column loop
+unrolled by ``unroll``; rows are split over ``threads``. Softmax and
+layernorm keep the row's statistics in vector accumulators; layernorm offers
+one pass (sum and sum of squares together) or two (mean, then the centred
+variance: more accurate when the mean is large against the spread).
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from ...space import Space, categorical
+from .common import HEADER
+
+COMPILE_KNOBS = ("vec", "unroll", "passes")
+LN_EPS = 1e-5
+CHAIN_STEPS = ("bias", "relu", "gelu", "add")
+
+
+class RowArgs(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("p0", ctypes.c_void_p), ("p1", ctypes.c_void_p),
+                ("R", ctypes.c_int), ("C", ctypes.c_int), ("threads", ctypes.c_int)]
+
+
+def parse_chain(chain: str) -> list[str]:
+    steps = [s for s in chain.split("_") if s]
+    bad = [s for s in steps if s not in CHAIN_STEPS]
+    if not steps or bad:
+        raise ValueError(f"elementwise chain {chain!r}: steps must be among {', '.join(CHAIN_STEPS)} joined by '_'")
+    return steps
+
+
+def space(op: str, R: int, C: int, profile) -> Space:
+    lanes = profile.vector_lanes
+    knobs = [
+        categorical("vec", (1,) + tuple(v for v in (4, 8, 16) if v <= lanes)),
+        categorical("unroll", (1, 2, 4)),
+        categorical("threads", tuple(range(1, profile.physical_cores + 1))),
+    ]
+    if op == "layernorm":
+        knobs.append(categorical("passes", (1, 2)))
+    return Space(knobs, ["vec <= max(1, cols)", "threads <= max(1, rows)"], constants={"rows": R, "cols": C})
+
+
+_LOOP = r"""
+typedef struct { const float *x; float *y; const float *p0, *p1; int R, C, threads; } row_args;
+
+void pf_row(const row_args *g) {
+    const int R = g->R, C = g->C;
+#ifdef _OPENMP
+    #pragma omp parallel for schedule(static) num_threads(g->threads) if (g->threads > 1)
+#endif
+    for (int r = 0; r < R; r++) row(g->x + (long)r * C, g->y + (long)r * C, g->p0, g->p1, C, r);
+}
+"""
+
+
+def _softmax_row(unroll: int) -> str:
+    return f"""
+static void row(const float *restrict x, float *restrict y, const float *p0, const float *p1, int C, int r) {{
+    (void)p0; (void)p1; (void)r;
+    int c = 0;
+    vf m = vset(-INFINITY);
+    #pragma GCC unroll {unroll}
+    for (; c + V <= C; c += V) m = vmaxf(m, vload(x + c));
+    float mx = vmaxr(m);
+    for (; c < C; c++) mx = x[c] > mx ? x[c] : mx;
+    vf s = vset(0.0f);
+    c = 0;
+    #pragma GCC unroll {unroll}
+    for (; c + V <= C; c += V) {{ vf e = vexp(vload(x + c) - mx); vstore(y + c, e); s += e; }}
+    float sum = vsum(s);
+    for (; c < C; c++) {{ y[c] = expf(x[c] - mx); sum += y[c]; }}
+    float inv = 1.0f / sum;
+    c = 0;
+    #pragma GCC unroll {unroll}
+    for (; c + V <= C; c += V) vstore(y + c, vload(y + c) * inv);
+    for (; c < C; c++) y[c] *= inv;
+}}
+"""
+
+
+def _layernorm_row(unroll: int, passes: int) -> str:
+    stats = f"""
+    vf s = vset(0.0f), q = vset(0.0f);
+    int c = 0;
+    #pragma GCC unroll {unroll}
+    for (; c + V <= C; c += V) {{ vf v = vload(x + c); s += v; q += v * v; }}
+    float sum = vsum(s), sq = vsum(q);
+    for (; c < C; c++) {{ sum += x[c]; sq += x[c] * x[c]; }}
+    float mean = sum / C, var = sq / C - mean * mean;
+    var = var > 0.0f ? var : 0.0f;
+""" if passes == 1 else f"""
+    vf s = vset(0.0f);
+    int c = 0;
+    #pragma GCC unroll {unroll}
+    for (; c + V <= C; c += V) s += vload(x + c);
+    float sum = vsum(s);
+    for (; c < C; c++) sum += x[c];
+    float mean = sum / C;
+    vf q = vset(0.0f);
+    c = 0;
+    #pragma GCC unroll {unroll}
+    for (; c + V <= C; c += V) {{ vf d = vload(x + c) - mean; q += d * d; }}
+    float sq = vsum(q);
+    for (; c < C; c++) sq += (x[c] - mean) * (x[c] - mean);
+    float var = sq / C;
+"""
+    return f"""
+static void row(const float *restrict x, float *restrict y, const float *gamma, const float *beta, int C, int r) {{
+    (void)r;
+{stats}
+    float rstd = 1.0f / sqrtf(var + {LN_EPS}f);
+    c = 0;
+    #pragma GCC unroll {unroll}
+    for (; c + V <= C; c += V) vstore(y + c, (vload(x + c) - mean) * rstd * vload(gamma + c) + vload(beta + c));
+    for (; c < C; c++) y[c] = (x[c] - mean) * rstd * gamma[c] + beta[c];
+}}
+"""
+
+
+def _eltwise_row(unroll: int, chain: str) -> str:
+    code = {"bias": "v = v + {ld}(bias + c);", "relu": "v = {max}(v, {set}(0.0f));", "gelu": "v = {gelu}(v);",
+            "add": "v = v + {ld}(res + c);"}
+    vec_ops = " ".join(code[s].format(ld="vload", max="vmaxf", set="vset", gelu="vgelu") for s in parse_chain(chain))
+    sc_ops = " ".join(code[s].format(ld="*", max="fmaxf", set="", gelu="s_gelu") for s in parse_chain(chain))
+    return f"""
+static void row(const float *restrict x, float *restrict y, const float *bias, const float *res0, int C, int r) {{
+    const float *res = res0 ? res0 + (long)r * C : NULL;
+    (void)bias; (void)res;
+    int c = 0;
+    #pragma GCC unroll {unroll}
+    for (; c + V <= C; c += V) {{ vf v = vload(x + c); {vec_ops} vstore(y + c, v); }}
+    for (; c < C; c++) {{ float v = x[c]; {sc_ops} y[c] = v; }}
+}}
+"""
+
+
+def source(op: str, knobs: dict[str, Any], chain: str = "") -> str:
+    head = f"#define V {knobs['vec']}\n" + HEADER
+    if op == "softmax":
+        body = _softmax_row(knobs["unroll"])
+    elif op == "layernorm":
+        body = _layernorm_row(knobs["unroll"], knobs["passes"])
+    elif op == "eltwise":
+        body = _eltwise_row(knobs["unroll"], chain)
+    else:
+        raise ValueError(f"no row-wise template for {op!r}")
+    return head + body + _LOOP
+
+
+def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, y, p0=None, p1=None):
+    R, C = x.shape
+    args = RowArgs(x.ctypes.data, y.ctypes.data, p0.ctypes.data if p0 is not None else None,
+                   p1.ctypes.data if p1 is not None else None, R, C, knobs["threads"])
+    fn = lib.pf_row
+    fn.argtypes = [ctypes.c_void_p]
+    fn.restype = None
+    ptr = ctypes.addressof(args)
+    keep = (x, y, p0, p1, args)
+
+    def run(fn=fn, ptr=ptr, keep=keep):
+        fn(ptr)
+
+    return run

@@ -1,0 +1,58 @@
+"""The timing protocol: warm up by time, then repeat batches; keep every raw time."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, asdict
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How one candidate is timed.
+
+    Parameters:
+        warmup_s: run the kernel for at least this long before timing (default 0.02 s).
+        budget_s: aim for this much timed work per candidate (default 0.25 s).
+        min_repeats / max_repeats: bounds on the number of samples (default 5 / 40).
+        min_sample_s: a sample times a batch of calls lasting at least this
+            long, so the clock's resolution and jitter do not dominate
+            microsecond kernels (default 2e-4 s).
+        flush_bytes: when > 0, a buffer this large is rewritten before every
+            sample (cold caches, batch of one call); default 0 (hot caches,
+            which is what a batch-1 inference loop sees).
+    """
+
+    warmup_s: float = 0.02
+    budget_s: float = 0.25
+    min_repeats: int = 5
+    max_repeats: int = 40
+    min_sample_s: float = 2e-4
+    flush_bytes: int = 0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def time_fn(fn: Callable[[], None], cfg: TimingConfig = TimingConfig(), flush: Callable[[], None] | None = None) -> list[float]:
+    """Per-call seconds of ``fn``, one value per sample (the mean over its batch)."""
+    clock = time.perf_counter
+    t0 = clock()
+    n = 0
+    while True:
+        fn()
+        n += 1
+        if clock() - t0 >= cfg.warmup_s:
+            break
+    est = max((clock() - t0) / n, 1e-9)
+    batch = 1 if flush else max(1, math.ceil(cfg.min_sample_s / est))
+    repeats = int(min(cfg.max_repeats, max(cfg.min_repeats, cfg.budget_s / (est * batch))))
+    times = []
+    for _ in range(repeats):
+        if flush:
+            flush()
+        s = clock()
+        for _ in range(batch):
+            fn()
+        times.append((clock() - s) / batch)
+    return times
