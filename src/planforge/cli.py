@@ -169,6 +169,79 @@ def spec_show(file: Path = typer.Argument(..., help="Spec file to show.")) -> No
     out_console.print(table)
 
 
+@app.command()
+def probe(
+    force: bool = typer.Option(False, "--force", help="Measure again even when this machine's profile is cached."),
+    quick: bool = typer.Option(False, "--quick", help="Short runs (about a second): noisier numbers, for tests and "
+                                                      "smoke checks. A cached full profile is still used."),
+    as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON, nothing else."),
+) -> None:
+    """Measure this machine (peak FLOP/s, bandwidth per memory level, call overhead) and cache the profile."""
+    import warnings
+
+    from .backends.probe import LEVELS, ProbeError, get_profile
+    from .kernels.build import BuildError, CompilerMissing
+
+    status = err_console.status("probing", spinner="dots")
+    error = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            if as_json:
+                prof = get_profile(force=force, quick=quick)
+            else:
+                with status:
+                    prof = get_profile(force=force, quick=quick, progress=lambda m: status.update(f"probing: {m}"))
+        except (CompilerMissing, ProbeError) as e:
+            error = str(e)
+        except BuildError as e:
+            error = f"{e}\n{e.log}" if e.log else str(e)
+    for w in caught:
+        err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+    if error:
+        _fail(error)
+    if as_json:
+        print(prof.to_json(), end="")
+        return
+
+    def size(n: float) -> str:
+        for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if n >= scale:
+                return f"{n / scale:.3g} {unit}"
+        return f"{n:.0f} B"
+
+    facts = Table(show_header=False, title=f"device {prof.fingerprint}", title_justify="left")
+    facts.add_column(style="bold")
+    facts.add_column()
+    clock = f", reported clock {prof.nominal_clock_hz / 1e9:.2f} GHz" if prof.nominal_clock_hz else ""
+    facts.add_row("CPU", f"{prof.cpu_model} ({prof.arch}{clock})")
+    facts.add_row("ISA", f"{' '.join(prof.isa) or '-'}; {prof.vector_lanes_fp32} fp32 lanes")
+    facts.add_row("cores", f"{prof.logical_cores} logical, {prof.physical_cores} physical; all-thread runs use "
+                           f"{prof.threads}")
+    facts.add_row("caches", ", ".join(
+        f"{name} {size(c.bytes)} x{c.instances} " + ("(private)" if c.shared_by == 1 else f"(shared by {c.shared_by})")
+        for name, c in prof.caches.items()) or "unknown")
+    facts.add_row("memory", size(prof.memory_bytes) if prof.memory_bytes else "unknown")
+    widths = ", ".join(f"{b}-bit {v / 1e9:.1f}" for b, v in sorted(prof.peak_flops_1t_by_bits.items(), key=lambda x: -int(x[0])))
+    facts.add_row("peak fp32", f"{prof.peak_flops_1t / 1e9:.1f} GFLOP/s on 1 thread ({widths}), "
+                               f"{prof.peak_flops_all / 1e9:.1f} on {prof.threads}")
+    facts.add_row("call overhead", f"{prof.call_overhead_s * 1e9:.0f} ns per ctypes call")
+    facts.add_row("measured", f"{prof.measured_at} in {prof.probe_seconds:.1f} s{' (quick)' if prof.quick else ''}; "
+                              f"{prof.compiler}{'' if prof.openmp else ', no OpenMP'}")
+    out_console.print(facts)
+    bw = Table(title="bandwidth, GB/s", title_justify="left")
+    for col in ("level", f"read ({prof.threads} threads)", f"copy ({prof.threads} threads)", "read (1 thread)",
+                "copy (1 thread)"):
+        bw.add_column(col, justify="right" if col != "level" else "left")
+    for level in LEVELS:
+        if level in prof.bandwidth_1t:
+            vals = [prof.bw(level, k, all_threads=a) for a in (True, False) for k in ("read", "copy")]
+            bw.add_row(level, *(f"{v / 1e9:.1f}" if v else "-" for v in vals))
+    out_console.print(bw)
+    for note in prof.notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
 def main() -> None:
     app()
 
