@@ -1,4 +1,4 @@
-"""planforge's command line: tune, spec show|validate."""
+"""planforge's command line: tune, probe, spec show|validate."""
 from __future__ import annotations
 
 import json
