@@ -64,6 +64,9 @@ def tune(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder for spec.json (default planforge-out/WORKLOAD)."),
     records: Optional[Path] = typer.Option(None, "--records", help="Records database (default OUT/records.db)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the interrupted run with the same settings."),
+    shape: Optional[str] = typer.Option(None, "--shape", help="Kernel workloads: sizes, e.g. M,N,K for gemm."),
+    epilogue: Optional[str] = typer.Option(None, "--epilogue",
+                                           help="Kernel workloads: none, bias, bias_relu, bias_gelu (eltwise: a chain)."),
     option: list[str] = typer.Option([], "--option", help="Workload option key=value (repeatable)."),
     strategy_option: list[str] = typer.Option([], "--strategy-option", help="Strategy setting key=value (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object summarising the run, nothing else."),
@@ -74,13 +77,16 @@ def tune(
     from .search import Budget
     from .space import RestrictionError, SpaceError
     from .spec import RecordsError, SpecError
+    from .kernels.build import CompilerMissing
     from .tune import tune as run_tune
     from .workloads import WorkloadError, load_workload
 
     try:
-        wl = load_workload(workload, _pairs(option, "--option"))
+        opts = _pairs(option, "--option")
+        opts.update({k: v for k, v in (("shape", shape), ("epilogue", epilogue)) if v is not None})
+        wl = load_workload(workload, opts)
         b = Budget(evals=budget, seconds=time_budget)
-    except (WorkloadError, RestrictionError, SpaceError, ValueError) as e:
+    except (WorkloadError, RestrictionError, SpaceError, ValueError, CompilerMissing) as e:
         _fail(str(e))
     out = out or Path("planforge-out") / workload
     command = "planforge " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -116,7 +122,7 @@ def tune(
         err_console.print("[yellow]interrupted[/]: every recorded measurement is kept; run the same command with "
                           "--resume to continue")
         raise typer.Exit(130)
-    except (RecordsError, SpecError, SpaceError, RestrictionError, ValueError) as e:
+    except (RecordsError, SpecError, SpaceError, RestrictionError, ValueError, CompilerMissing) as e:
         _fail(str(e))
     if as_json:
         print(json.dumps(summary_json(res), indent=2, sort_keys=True, default=str))

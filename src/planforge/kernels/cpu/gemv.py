@@ -49,13 +49,17 @@ def space(N: int, K: int, profile) -> Space:
     )
 
 
-def source(knobs: dict[str, Any], epilogue: str) -> str:
+def block_source(knobs: dict[str, Any], name: str = "block") -> str:
+    """``name(x, W, wp, bias, y, N, K, j0, epi)``: one block of ``jb * V`` output
+    columns starting at ``j0``; reads W row-major, or the block's packed panel ``wp``."""
     jb, ks = knobs["jb"], knobs["ksplit"]
     packed = knobs["w_layout"] == "packed"
-    w_at = (lambda kk, v: f"wp + (long)({kk}) * JBV + {v} * V") if packed else (lambda kk, v: f"W + (long)({kk}) * N + j0 + {v} * V")
-    L = [f"#define V {knobs['vec']}\n#define JB {jb}\n#define JBV (JB * V)\n#define EPI {EPI_CODE[epilogue]}", HEADER]
-    L.append("static inline void block(const float *restrict x, const float *restrict W, const float *restrict wp,"
-             " const float *restrict bias, float *restrict y, int N, int K, int j0) {")
+    jbv = f"({jb} * V)"
+    w_at = (lambda kk, v: f"wp + (long)({kk}) * {jbv} + {v} * V") if packed else \
+        (lambda kk, v: f"W + (long)({kk}) * N + j0 + {v} * V")
+    L = [f"static inline void {name}(const float *restrict x, const float *restrict W, const float *restrict wp,"
+         " const float *restrict bias, float *restrict y, int N, int K, int j0, int epi) {",
+         "    (void)W; (void)wp;"]
     for s in range(ks):
         L.append("    " + " ".join(f"vf a{s}_{v} = vset(0.0f);" for v in range(jb)))
     L.append("    int k = 0;")
@@ -69,10 +73,31 @@ def source(knobs: dict[str, Any], epilogue: str) -> str:
              " ".join(f"a0_{v} = xv * vload({w_at('k', v)}) + a0_{v};" for v in range(jb)) + " }")
     for v in range(jb):
         tot = " + ".join(f"a{s}_{v}" for s in range(ks))
-        L.append(f"    {{ vf t = {tot}; vf b = EPI ? vload(bias + j0 + {v} * V) : vset(0.0f);"
-                 f" vstore(y + j0 + {v} * V, vepi(t, b, EPI)); }}")
+        L.append(f"    {{ vf t = {tot}; vf b = epi ? vload(bias + j0 + {v} * V) : vset(0.0f);"
+                 f" vstore(y + j0 + {v} * V, vepi(t, b, epi)); }}")
     L.append("}")
-    L.append(r"""
+    return "\n".join(L)
+
+
+def tail_source(name: str = "tail") -> str:
+    """Columns past the last full block; the packed layout keeps them row-major after the panels."""
+    return r"""
+static void """ + name + r"""(const float *x, const float *tail, long tld, const float *bias, float *y, int j_from, int N,
+                 int K, int epi) {
+    for (int j = j_from; j < N; j++) {
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) s += x[k] * tail[(long)k * tld + (j - j_from)];
+        y[j] = s_epi(s, epi ? bias[j] : 0.0f, epi);
+    }
+}
+"""
+
+
+def source(knobs: dict[str, Any], epilogue: str) -> str:
+    jb = knobs["jb"]
+    packed = knobs["w_layout"] == "packed"
+    head = f"#define V {knobs['vec']}\n#define JB {jb}\n#define JBV (JB * V)\n#define EPI {EPI_CODE[epilogue]}"
+    return "\n".join([head, HEADER, block_source(knobs), tail_source(), r"""
 typedef struct { const float *x, *W, *bias; float *y; int N, K, threads; } gemv_args;
 
 void pf_gemv(const gemv_args *g) {
@@ -82,18 +107,11 @@ void pf_gemv(const gemv_args *g) {
     #pragma omp parallel for schedule(static) num_threads(g->threads) if (g->threads > 1)
 #endif
     for (int b = 0; b < nblk; b++)
-        block(g->x, W, """ + ("W + (long)b * K * JBV" if packed else "NULL") + r""", g->bias, g->y, N, K, b * JBV);
-    /* columns past the last full block: the packed layout keeps them row-major after the panels */
-    const float *tail = """ + ("W + (long)nblk * K * JBV" if packed else "W + nblk * JBV") + r""";
-    const long tld = """ + ("N - nblk * JBV" if packed else "N") + r""";
-    for (int j = nblk * JBV; j < N; j++) {
-        float s = 0.0f;
-        for (int k = 0; k < K; k++) s += g->x[k] * tail[(long)k * tld + (j - nblk * JBV)];
-        g->y[j] = s_epi(s, EPI ? g->bias[j] : 0.0f, EPI);
-    }
+        block(g->x, W, """ + ("W + (long)b * K * JBV" if packed else "NULL") + r""", g->bias, g->y, N, K, b * JBV, EPI);
+    tail(g->x, """ + ("W + (long)nblk * K * JBV, N - nblk * JBV" if packed else "W + nblk * JBV, N") +
+        r""", g->bias, g->y, nblk * JBV, N, K, EPI);
 }
-""")
-    return "\n".join(L)
+"""])
 
 
 def pack_weights(W: np.ndarray, knobs: dict[str, Any]) -> np.ndarray:
