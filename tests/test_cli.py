@@ -3,8 +3,8 @@ import json
 from planforge.spec import load_spec
 
 
-def test_default_tune_writes_spec_and_summary(cli, tmp_path):
-    r = cli("tune", cwd=tmp_path, check=True)
+def test_drill_tune_writes_spec_and_summary(cli, tmp_path):
+    r = cli("tune", "--workload", "drill", cwd=tmp_path, check=True)
     spec = load_spec(tmp_path / "planforge-out" / "drill" / "spec.json")
     assert spec["manifest"]["workload"] == "drill"
     for part in ("best so far", "ranked top-4", "finalist walk", "Spearman", "break-even", "spec:"):
@@ -20,7 +20,8 @@ def test_issue_command_and_summary(cli, tmp_path):
 
 
 def test_json_output(cli, tmp_path):
-    r = cli("tune", "--strategy", "exhaustive", "--budget", "24", "--out", tmp_path, "--json", check=True)
+    r = cli("tune", "--workload", "drill", "--strategy", "exhaustive", "--budget", "24", "--out", tmp_path, "--json",
+            check=True)
     d = json.loads(r.stdout)
     assert d["ok"] and d["latency_s"] == 103e-9
     t = d["tasks"]["mlp_layer"]
@@ -29,7 +30,7 @@ def test_json_output(cli, tmp_path):
 
 
 def test_all_finalists_rejected_is_a_clear_error(cli, tmp_path):
-    r = cli("tune", "--strategy", "proxy-topk", "--budget", "3", "--keep", "3", "--out", tmp_path)
+    r = cli("tune", "--workload", "drill", "--strategy", "proxy-topk", "--budget", "3", "--keep", "3", "--out", tmp_path)
     assert r.returncode == 1
     assert "all 3 finalists were rejected" in r.stderr and "fp16 accumulation" in r.stderr
     assert "Traceback" not in r.stderr
@@ -38,13 +39,13 @@ def test_all_finalists_rejected_is_a_clear_error(cli, tmp_path):
 def test_bad_inputs_give_clear_errors(cli, tmp_path):
     cases = [
         (["tune", "--workload", "nope"], "unknown workload 'nope'"),
-        (["tune", "--strategy", "nope", "--out", tmp_path], "unknown strategy 'nope'"),
-        (["tune", "--option", "delay_s=fast", "--out", tmp_path], "expected float"),
-        (["tune", "--option", "colour=red", "--out", tmp_path], "has no option 'colour'"),
-        (["tune", "--option", "novalue", "--out", tmp_path], "must look like key=value"),
-        (["tune", "--budget", "0", "--out", tmp_path], "budget must be positive"),
-        (["tune", "--keep", "0", "--out", tmp_path], "keep must be at least 1"),
-        (["tune", "--records", tmp_path, "--out", tmp_path], "is a directory"),
+        (["tune", "-w", "drill", "--strategy", "nope", "--out", tmp_path], "unknown strategy 'nope'"),
+        (["tune", "-w", "drill", "--option", "delay_s=fast", "--out", tmp_path], "expected float"),
+        (["tune", "-w", "drill", "--option", "colour=red", "--out", tmp_path], "has no option 'colour'"),
+        (["tune", "-w", "drill", "--option", "novalue", "--out", tmp_path], "must look like key=value"),
+        (["tune", "-w", "drill", "--budget", "0", "--out", tmp_path], "budget must be positive"),
+        (["tune", "-w", "drill", "--keep", "0", "--out", tmp_path], "keep must be at least 1"),
+        (["tune", "-w", "drill", "--records", tmp_path, "--out", tmp_path], "is a directory"),
     ]
     for args, msg in cases:
         r = cli(*args)
@@ -54,7 +55,7 @@ def test_bad_inputs_give_clear_errors(cli, tmp_path):
 
 
 def test_spec_validate_and_show(cli, tmp_path):
-    cli("tune", "--out", tmp_path, "--quiet", check=True)
+    cli("tune", "-w", "drill", "--out", tmp_path, "--quiet", check=True)
     spec = tmp_path / "spec.json"
     r = cli("spec", "validate", spec, check=True)
     assert "is a valid planforge spec" in r.stdout

@@ -53,7 +53,10 @@ def _typed(options: dict[str, str]) -> dict:
 
 @app.command()
 def tune(
-    workload: str = typer.Option("drill", "--workload", "-w", help="Built-in workload to tune (default: drill)."),
+    workload: str = typer.Option("policy-mlp", "--workload", "-w",
+                                 help="Built-in workload (policy-mlp, policy-mlp-b64, drill-mlp, transformer-block, "
+                                      "drill, gemm, gemv, softmax, layernorm, eltwise) or a model file (.onnx, .pt2). "
+                                      "Default: policy-mlp."),
     strategy: str = typer.Option("auto", "--strategy", "-s",
                                  help="Search strategy: auto, exhaustive, random, genetic, annealing, hillclimb, "
                                       "proxy-topk. auto is exhaustive when the space fits the budget, else genetic."),
@@ -246,6 +249,51 @@ def probe(
     out_console.print(bw)
     for note in prof.notes:
         err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+@app.command("run")
+def run_spec(
+    spec: Path = typer.Argument(..., help="A spec.json written by `planforge tune` on a model workload."),
+    inputs: list[Path] = typer.Option([], "--input", "-i", help="An input as a .npy file (repeat, in order); "
+                                                                  "default: seeded random inputs."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs (default 0)."),
+    check_device: bool = typer.Option(True, "--check-device/--any-device",
+                                      help="Refuse a spec tuned on another machine (default: refuse)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Run a tuned plan, check it against the fp64 reference of the original graph, and time it."""
+    import numpy as np
+
+    from .api import load
+    from .backends.graph import tolerance
+    from .measure import time_fn
+    from .spec import SpecError
+
+    try:
+        plan = load(spec, check_device=check_device)
+        g = plan.graph
+        xs = [np.load(p) for p in inputs] if inputs else g.example_inputs(seed)
+        outs = plan(*xs)
+    except (SpecError, OSError, ValueError) as e:
+        _fail(str(e), 1)
+    outs = list(outs) if isinstance(outs, tuple) else [outs]
+    ref = g.evaluate(*xs)
+    err = max(float(np.abs(o - r).max()) for o, r in zip(outs, ref))
+    tol = tolerance(g, ref)
+    t = float(np.median(time_fn(lambda: plan(*xs))))
+    res = {"spec": str(spec), "workload": plan.spec["manifest"]["workload"], "outputs": [list(o.shape) for o in outs],
+           "max_abs_error": err, "tolerance": tol, "ok": err <= tol, "latency_s": t,
+           "tuned_latency_s": plan.spec["tasks"]["graph"]["latency_s"], "fallback": plan.fallback}
+    if as_json:
+        print(json.dumps(res, indent=2, sort_keys=True))
+    else:
+        from .report import fmt_time
+
+        out_console.print(f"{res['workload']}: outputs {res['outputs']}; max |out - fp64 reference| = {err:.3g} "
+                          f"(tolerance {tol:.3g}) {'[green]ok[/]' if res['ok'] else '[red]WRONG[/]'}; "
+                          f"{fmt_time(t)} per call from Python (tuned plan: {fmt_time(res['tuned_latency_s'])})")
+    if not res["ok"]:
+        raise typer.Exit(1)
+
 
 
 def main() -> None:

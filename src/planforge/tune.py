@@ -139,6 +139,10 @@ def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
     }
     if acc.peak_bytes is not None:
         d["peak_bytes"] = acc.peak_bytes
+    genome = getattr(t.backend, "genome", None)
+    if genome is not None:  # a whole-graph plan: the program is what `planforge run` executes
+        d["program"] = genome.program(acc.candidate.as_dict())
+        d["graph"] = {k: v for k, v in t.info.items() if k != "saturation"}
     if lib is not None:
         d["library_latency_s"] = lib[1]
     failed = {n: f"{o.category}: {o.message[:200]}" for n, o in sorted(tr.baselines.items()) if not o.ok}
@@ -215,6 +219,8 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
 
 def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strategy: str, budget: Budget,
                seed: int, keep: int, options: dict[str, Any], on_trial) -> TaskResult:
+    if task.seeds:
+        options = {**options, "initial": list(task.seeds)}
     strat = make_strategy(strategy, task.space, seed, budget=budget.evals, cost_model=task.cost_model, **options)
     cache = db.outcomes(run_id, task.key)
 

@@ -48,6 +48,28 @@ def best_so_far(tr: TaskResult) -> list[float]:
     return [v for v in out if math.isfinite(v)]
 
 
+def plan_label(tr: TaskResult, c) -> str:
+    """A plan as a reader wants it: the program's kernels for graph plans, the knobs otherwise."""
+    genome = getattr(tr.task.backend, "genome", None)
+    if genome is None:
+        return str(c)
+    parts = []
+    for s in genome.program(c.as_dict()):
+        if s["op"].startswith(("T.", "Layers.")) or (s["op"] == "lib1" and s["args"][0] == "reshape"):
+            continue
+        kind = "fused_mlp" if s["op"] == "fused_mlp" else f"{s['op'][:-1]}:{s['args'][0]}" + \
+            (f"[{s['args'][1]}]" if s["args"][1] else "")
+        parts.append(kind)
+    return " > ".join(parts)
+
+
+def _pruned(stages) -> str:
+    from ..costmodel.funnel import pruned_fraction
+
+    f = pruned_fraction(stages)
+    return f" ({100 * f:.2f}% of the valid space never measured)" if f is not None else ""
+
+
 def print_summary(res: TuneResult, console: Console | None = None) -> None:
     con = console or Console()
     w = res.workload
@@ -79,13 +101,20 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
                 verdict = "[red]rejected[/]: " + "; ".join(rejected[i].reasons)
             else:
                 verdict = "not reached"
-            table.add_row(str(i), fmt_time(e.metric), str(e.candidate), verdict)
+            table.add_row(str(i), fmt_time(e.metric), plan_label(tr, e.candidate), verdict)
         con.print(table)
         if tr.walk:
             a = tr.walk.accepted
             walked = ", ".join(f"rank {f.rank} rejected" for f in tr.walk.rejected)
             con.print(f"  finalist walk: {walked + ', ' if walked else ''}rank {a.rank} accepted at "
-                      f"[bold green]{fmt_time(a.metric)}[/] ({a.candidate})")
+                      f"[bold green]{fmt_time(a.metric)}[/] ({plan_label(tr, a.candidate)})")
+            if tr.task.info:
+                i = tr.task.info
+                con.print(f"  e-graph: {i.get('eclasses')} e-classes, {i.get('enodes')} e-nodes "
+                          f"(saturation {i.get('saturation_s', 0):.3g} s, {i.get('saturation', {}).get('stop', '')}); "
+                          f"{i.get('graph_choices')} graph-level plans, genome of {i.get('genome_size'):.3g} points; "
+                          f"extraction greedy {i.get('greedy_s', 0) * 1e3:.3g} ms, ILP {i.get('ilp_s', 0) * 1e3:.3g} ms "
+                          f"({i.get('ilp')}); {i.get('pruned_by_memory', 0)} e-nodes pruned by the memory budget")
         elif tr.error:
             con.print(f"  [red]finalist walk: {tr.error}[/]")
         if tr.baselines:

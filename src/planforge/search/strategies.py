@@ -9,6 +9,7 @@ the ``Outcome`` of what they asked for.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import random
 from typing import Callable, Iterator, Sequence
@@ -156,17 +157,21 @@ class Genetic(Strategy):
     name = "genetic"
 
     def __init__(self, space: Space, seed: int = 0, population: int = 8, parents: int = 4,
-                 mutation: float = 0.3, **kw):
+                 mutation: float = 0.3, initial: Sequence[Candidate] = (), **kw):
         super().__init__(space, seed, **kw)
         self.population, self.mutation = population, mutation
         self.parents = Ranked(parents)
         self._initial = 0
+        self._seeds = list(reversed(initial))  # proposed first (e.g. the extracted plans)
 
     def _observe(self, c: Candidate, o: Outcome) -> None:
         if o.ok:
             self.parents.insert(o.metric, c, o)
 
     def _child(self) -> Candidate | None:
+        if self._seeds:
+            self._initial += 1
+            return self._seeds.pop()
         if self._initial < self.population or len(self.parents) < 2:
             self._initial += 1
             return self.space.sample(self.rng)
@@ -315,4 +320,7 @@ def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = N
     if name == "proxy-topk":
         options.setdefault("k", budget or 3)
         return ProxyTopK(space, seed, cost_model=cost_model, **options)
-    return STRATEGIES[name](space, seed, **options)
+    cls = STRATEGIES[name]
+    if "initial" in options and "initial" not in inspect.signature(cls.__init__).parameters:
+        options.pop("initial")  # this strategy takes no seed candidates
+    return cls(space, seed, **options)

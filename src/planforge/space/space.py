@@ -236,6 +236,10 @@ class Space:
     # -- enumeration -----------------------------------------------------
     def enumerate(self) -> Iterator[Candidate]:
         """Valid points in product order, lazily, pruning a prefix as soon as a rule fails."""
+        for idx in self._enumerate_idx():
+            yield self.candidate(idx)
+
+    def _enumerate_idx(self) -> Iterator[tuple[int, ...]]:
         if not self.knobs or not all(r(dict(self.constants)) for r in self._always):
             return
         n = len(self.knobs)
@@ -250,7 +254,7 @@ class Space:
         while d >= 0:
             if ok(d):
                 if d == n - 1:
-                    yield self.candidate(idx)
+                    yield tuple(idx)
                 else:
                     d += 1
                     idx[d] = 0
@@ -268,7 +272,7 @@ class Space:
         if self._valid is None:
             if self.size > limit:
                 raise SpaceError(f"space of {self.size} points is too large to enumerate (limit {limit})")
-            self._valid = [self.to_int(c.index) for c in self.enumerate()]
+            self._valid = [self.to_int(idx) for idx in self._enumerate_idx()]
         return self._valid
 
     # -- sampling and moves ----------------------------------------------

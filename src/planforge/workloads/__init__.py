@@ -7,11 +7,23 @@ from typing import Any, Callable
 from .base import Manifest, Task, Workload
 from .drill import drill
 from .kernels import eltwise, gemm, gemv, layernorm, softmax
+from .models import file_workload, zoo_workload
+
+
+def _zoo(name: str) -> Callable[..., Workload]:
+    def build(memory_budget_mb: float = 1024.0, seed: int = 0) -> Workload:
+        return zoo_workload(name, memory_budget_mb=memory_budget_mb, seed=seed)
+
+    build.__doc__ = f"The zoo model {name!r}, tuned as a whole plan."
+    return build
+
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "drill": drill, "gemm": gemm, "gemv": gemv, "softmax": softmax, "layernorm": layernorm, "eltwise": eltwise,
+    **{name: _zoo(name) for name in ("policy-mlp", "policy-mlp-b64", "drill-mlp", "transformer-block")},
 }
-DEFAULT_WORKLOAD = "drill"
+DEFAULT_WORKLOAD = "policy-mlp"
+MODEL_SUFFIXES = (".onnx", ".pt2")
 
 
 class WorkloadError(ValueError):
@@ -35,9 +47,13 @@ def _convert(name: str, value: Any, annotation: Any, default: Any) -> Any:
 
 def load_workload(name: str, options: dict[str, Any] | None = None) -> Workload:
     """Build the built-in workload ``name`` with ``options`` (strings are converted to the option's type)."""
-    if name not in WORKLOADS:
-        raise WorkloadError(f"unknown workload {name!r}; built-in workloads: {', '.join(sorted(WORKLOADS))}")
-    build = WORKLOADS[name]
+    if name not in WORKLOADS and name.lower().endswith(MODEL_SUFFIXES):
+        build = lambda memory_budget_mb=1024.0, seed=0: file_workload(name, memory_budget_mb, seed)  # noqa: E731
+    elif name not in WORKLOADS:
+        raise WorkloadError(f"unknown workload {name!r}; built-in workloads: {', '.join(sorted(WORKLOADS))}, "
+                            f"or a model file ({', '.join(MODEL_SUFFIXES)})")
+    else:
+        build = WORKLOADS[name]
     params = inspect.signature(build).parameters
     kwargs = {}
     for k, v in (options or {}).items():
@@ -47,7 +63,7 @@ def load_workload(name: str, options: dict[str, Any] | None = None) -> Workload:
         kwargs[k] = _convert(k, v, params[k].annotation, params[k].default)
     try:
         return build(**kwargs)
-    except ValueError as e:  # ProblemError and friends: bad shapes, epilogues
+    except (ValueError, OSError) as e:  # ProblemError, GraphError, a missing file...
         raise WorkloadError(f"workload {name!r}: {e}") from None
 
 

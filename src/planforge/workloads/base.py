@@ -36,6 +36,8 @@ class Task:
         cost_model: a proxy or model (``predict``), if the task has one.
         validators: applied to finalists in rank order.
         peak_bytes: a plan's peak memory, for the report and memory checks.
+        seeds: candidates the strategy proposes first (default none).
+        info: facts about the task's space for the summary and the spec.
     """
 
     key: str
@@ -45,6 +47,8 @@ class Task:
     cost_model: Any = None
     validators: Sequence[Callable[[Candidate], str | None]] = ()
     peak_bytes: Callable[[Candidate], int] | None = None
+    seeds: Sequence[Candidate] = ()        # candidates a strategy should try first (e.g. extracted plans)
+    info: dict[str, Any] = field(default_factory=dict)  # facts for the summary and spec (e-graph size...)
 
 
 @dataclass

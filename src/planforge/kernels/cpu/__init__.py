@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ...space import Space
-from . import gemm, gemv, rowwise
+from . import gemm, gemv, mlp, rowwise
 from .ops import LIBRARIES, OPS, Problem, ProblemError, available_libraries, check, flops, make_inputs, min_bytes, \
     output_shape, reference, tolerance
 
@@ -72,7 +72,7 @@ def template_for(p: Problem) -> Template:
 
 
 __all__ = ["LIBRARIES", "OPS", "Problem", "ProblemError", "TEMPLATES", "Template", "available_libraries", "check",
-           "flops", "Limits", "limits", "make_inputs", "min_bytes", "output_shape", "reference", "template_for", "tolerance"]
+           "flops", "Limits", "default_knobs", "knob_space", "limits", "make_inputs", "min_bytes", "output_shape", "reference", "template_for", "tolerance"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +98,30 @@ def limits(profile) -> Limits:
     caches.setdefault("L2", max(caches["L1d"] * 8, 256 * 1024))
     caches.setdefault("L3", caches["L2"])
     return Limits(profile.fingerprint, max(1, profile.vector_lanes_fp32), regs, max(1, profile.physical_cores), caches)
+
+
+def knob_space(problem, lim) -> Space:
+    """The knob space of a template node: a ``Problem``, or a fused MLP's layer tuple."""
+    if isinstance(problem, tuple):
+        return mlp.space(problem, lim)
+    return TEMPLATES[problem.op].space(problem, lim)
+
+
+def default_knobs(problem, lim) -> dict[str, Any]:
+    """The setting a careful engineer would try first (the search starts here, measurements decide)."""
+    v = max(x for x in (1, 4, 8, 16) if x <= lim.vector_lanes)
+    if isinstance(problem, tuple):  # fused MLP layers
+        return {"vec": v, "jb": 1, "ksplit": 2, "unroll": 2, "w_layout": "packed", "threads": 1}
+    op = problem.op
+    if op == "gemv":
+        return {"vec": v, "jb": 2, "ksplit": 2, "unroll": 2, "w_layout": "packed", "threads": 1}
+    if op == "gemm":
+        M, N, K = problem.dims
+        big = M * N * K >= 2**22
+        mr = max(x for x in (1, 2, 3, 4, 6, 8) if x <= max(1, M) and x * 2 + 3 <= lim.vector_registers)
+        return {"vec": v, "mr": mr, "nv": 2, "unroll": 4, "pack_a": int(big), "pack_b": int(big), "order": "ji",
+                "mc": 64, "kc": 256, "nc": 1024, "threads": lim.physical_cores if big else 1, "par": "n"}
+    d = {"vec": v, "unroll": 2, "threads": 1}
+    if op == "layernorm":
+        d["passes"] = 2
+    return d

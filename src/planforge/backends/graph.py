@@ -1,0 +1,213 @@
+"""Graph backend: measure whole plans (a genome's extracted program) on the CPU.
+
+Each candidate's template steps are built (in parallel, content-hash cached),
+then the plan is loaded and timed end to end in the isolated worker, after its
+output is checked against the fp64 reference of the original graph. The
+library baseline is the same graph run op by op with numpy.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..ir import Graph
+from ..ir.graph import apply_op
+from ..kernels.build import build_many
+from ..kernels.cpu import TEMPLATES
+from ..kernels.cpu import mlp as mlp_template
+from ..measure import AdaptiveTimeout, TimingConfig, Worker, time_fn
+from ..outcome import Outcome
+from ..space import Candidate
+from .plan import Plan
+
+U32 = 2.0**-24
+LOG_LIMIT = 4000
+_prepared: dict[str, Any] = {}
+
+
+def template_source(problem, knobs: dict) -> tuple[str, bool]:
+    if isinstance(problem, tuple):
+        return mlp_template.source(problem, knobs), knobs.get("threads", 1) > 1
+    t = TEMPLATES[problem.op]
+    return t.source(problem, knobs), t.openmp(knobs)
+
+
+def tolerance(graph: Graph, ref: list[np.ndarray]) -> float:
+    """Absolute tolerance for fp32 plans: 8 u times the summed reduction lengths of the
+    graph's matmuls (its error grows with them), scaled by the output's magnitude."""
+    shapes = graph.shapes()
+    ktot = sum(shapes[n.inputs[0]][-1] for n in graph.nodes if n.op in ("matmul", "linear")) or 1
+    ktot += sum(shapes[n.inputs[0]][-1] for n in graph.nodes if n.op in ("softmax", "layernorm"))
+    scale = 1.0 + max(float(np.abs(r).max()) for r in ref)
+    return 8.0 * ktot * U32 * scale
+
+
+def numpy_forward(graph: Graph) -> callable:
+    """The graph op by op in numpy fp32: how a numpy user runs it (the library baseline)."""
+    params = {k: v.astype(np.float32) for k, v in graph.params.items()}
+    nodes = [(n.op, n.inputs, n.attrs, n.output) for n in graph.nodes]
+    names = list(graph.inputs)
+    outs = graph.outputs
+
+    def run(*xs):
+        env = dict(params)
+        env.update(zip(names, xs))
+        for op, ins, attrs, out in nodes:
+            env[out] = apply_op(op, [env[i] for i in ins], attrs)
+        return [env[o] for o in outs]
+
+    return run
+
+
+def _prepared_graph(job: dict) -> tuple[Graph, list[np.ndarray], list[np.ndarray], float]:
+    key = job["graph_key"]
+    if key not in _prepared:
+        _prepared.clear()
+        g: Graph = job["graph"]
+        xs = g.example_inputs(job.get("seed", 0))
+        ref = g.evaluate(*xs)
+        _prepared[key] = (g, xs, ref, tolerance(g, ref))
+    return _prepared[key]
+
+
+def run_plan_job(job: dict) -> dict:
+    """In the worker: load the plan, check it against the reference, time it."""
+    g, xs, ref, tol = _prepared_graph(job)
+    cfg = TimingConfig(**job.get("timing", {}))
+    if job["impl"] == "numpy":
+        fwd = numpy_forward(g)
+        out = fwd(*xs)
+        fn = lambda: fwd(*xs)  # noqa: E731
+    else:
+        plan = Plan(g, job["program"], job["libs"], job["problems"])
+        out = plan(*xs)
+        for v, x in zip(plan.input_views, xs):
+            if v is not None:
+                np.copyto(v, x)
+        fn = plan.run
+    for o, r in zip(out, ref):
+        if not np.all(np.isfinite(o)):
+            return {"status": "correctness", "message": "non-finite output"}
+        err = float(np.abs(o.astype(np.float64) - r).max())
+        if err > tol:
+            return {"status": "correctness", "message": f"max |out - ref| = {err:.3g} exceeds the tolerance {tol:.3g}"}
+    times = time_fn(fn, cfg)
+    return {"status": "ok", "times": times}
+
+
+@dataclass
+class GraphBackend:
+    """Measures plans of ``genome`` for ``graph`` on this machine (fingerprint from ``profile``)."""
+
+    graph: Graph
+    genome: Any
+    profile: Any
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    seed: int = 0
+    memory_limit: int | None = None
+    timeout: AdaptiveTimeout = field(default_factory=AdaptiveTimeout)
+    name: str = "cpu"
+
+    def __post_init__(self):
+        self.fingerprint = self.profile.fingerprint
+        self.worker = Worker(self.memory_limit)
+        self.graph_key = f"{self.graph.name}:{id(self.graph)}"
+        self._built: dict[str, tuple[dict, dict, list]] = {}
+        self.build_seconds = 0.0
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "fingerprint": self.fingerprint, "graph": self.graph.name,
+                "genome": self.genome.describe()}
+
+    def _build(self, candidates: Sequence[Candidate]) -> list[tuple[dict, dict, list] | Outcome]:
+        t0 = time.perf_counter()
+        per, jobs = [], []
+        for c in candidates:
+            cfg = c.as_dict()
+            program = self.genome.program(cfg)
+            steps = {s["cls"]: s for s in program}
+            items = []
+            for nid, problem, knobs in self.genome.template_steps(cfg):
+                from ..space.genome import short
+
+                cls = short(self.genome.eg.node(nid).eclass)
+                src, omp = template_source(problem, knobs)
+                items.append((cls, problem, len(jobs)))
+                jobs.append((src, omp))
+            per.append((program, steps, items))
+        built = build_many(jobs) if jobs else []
+        out: list[tuple[dict, dict, list] | Outcome] = []
+        for program, steps, items in per:
+            libs, problems, err = {}, {}, None
+            for cls, problem, j in items:
+                b, e, log = built[j]
+                if b is None:
+                    err = Outcome.invalid("compile", f"step {cls}: {e}\n{log[:LOG_LIMIT]}")
+                    break
+                libs[cls] = str(b.path)
+                problems[cls] = problem
+            out.append(err or (program, libs, problems))
+        self.build_seconds += time.perf_counter() - t0
+        return out
+
+    def _job(self, impl: str, program=None, libs=None, problems=None) -> dict:
+        return {"impl": impl, "graph": self.graph, "graph_key": self.graph_key, "seed": self.seed,
+                "program": program, "libs": libs, "problems": problems, "timing": self.timing.to_json()}
+
+    def _run(self, job: dict) -> Outcome:
+        r = self.worker.run(run_plan_job, (job,), timeout=self.timeout())
+        if r.status == "ok":
+            v = r.value
+            if v["status"] == "ok":
+                self.timeout.observe(r.wall_s)
+                return Outcome.measured(v["times"])
+            return Outcome.invalid(v["status"], v["message"])
+        if r.status == "timeout":
+            return Outcome.invalid("timeout", r.message)
+        return Outcome.invalid("runtime", r.message[:LOG_LIMIT])
+
+    def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
+        outs = []
+        for c, b in zip(candidates, self._build(candidates)):
+            if isinstance(b, Outcome):
+                outs.append(b)
+                continue
+            self._built[c.fingerprint] = b
+            outs.append(self._run(self._job("plan", *b)))
+        return outs
+
+    def baselines(self, libraries=None) -> dict[str, Outcome]:
+        return {"numpy": self._run(self._job("numpy"))}
+
+    def remeasure(self, candidates: Sequence[Candidate], libraries=None, rounds: int = 3):
+        times: dict[str, list[float]] = {}
+        failed: dict[str, Outcome] = {}
+        keys = [c.fingerprint for c in candidates] + ["numpy"]
+        for _ in range(rounds):
+            for c in candidates:
+                if c.fingerprint in failed:
+                    continue
+                b = self._built.get(c.fingerprint) or self._build([c])[0]
+                o = b if isinstance(b, Outcome) else self._run(self._job("plan", *b))
+                if o.ok:
+                    times.setdefault(c.fingerprint, []).extend(o.times)
+                else:
+                    failed[c.fingerprint] = o
+            if "numpy" not in failed:
+                o = self._run(self._job("numpy"))
+                if o.ok:
+                    times.setdefault("numpy", []).extend(o.times)
+                else:
+                    failed["numpy"] = o
+        res = {k: failed.get(k) or Outcome.measured(times[k]) for k in keys}
+        return [res[c.fingerprint] for c in candidates], {"numpy": res["numpy"]}
+
+    def plan_parts(self, c: Candidate) -> tuple[dict, dict, list] | Outcome:
+        """(program, libs, problems) of a candidate, building what it needs."""
+        return self._built.get(c.fingerprint) or self._build([c])[0]
+
+    def close(self) -> None:
+        self.worker.close()

@@ -1,0 +1,427 @@
+"""The runnable plan: an extracted program executed over a preallocated arena.
+
+At load time: values computed from parameters alone are folded into
+constants (a transposed weight, two biases added, a packed panel), every other
+value gets a slot in one arena whose offsets come from buffer lifetimes, and
+each step is bound once to its kernel and its arena views. A call then copies
+the inputs into their slots and runs one bound call per step: no allocation,
+no shape logic, no Python per op beyond that call.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..ir import Graph
+from ..ir.graph import GELU_C0, GELU_C1, apply_op
+from ..kernels.cpu import TEMPLATES, Problem
+from ..kernels.cpu import mlp as mlp_template
+
+ALIGN = 16  # floats: 64-byte aligned slots
+U32 = 2.0**-24
+
+
+class PlanError(ValueError):
+    """A program that cannot be run (an unknown step, a missing library, a bad input)."""
+
+
+def _ints(s: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in s.split(",") if x != "")
+
+
+def semantic(kind: str, attr: str, vals: Sequence[np.ndarray]) -> np.ndarray:
+    """What a library step computes, by the IR's reference semantics (for constant folding)."""
+    if kind == "matmul_bcast":
+        kind = "matmul"
+    if kind == "linear":
+        y = apply_op("linear", vals, {})
+        return y if attr == "none" else semantic(*({"relu": ("relu", ""), "gelu:tanh": ("gelu", "tanh")}[attr]), [y])
+    if kind == "gelu":
+        return apply_op("gelu", vals, {"approximate": attr})
+    if kind == "layernorm":
+        return apply_op("layernorm", vals, {"eps": float(attr)})
+    if kind == "normalize":
+        x = vals[0]
+        mu = x.mean(axis=-1, keepdims=True)
+        return (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + float(attr))
+    if kind == "exp_shifted":
+        return np.exp(vals[0] - vals[0].max(axis=-1, keepdims=True))
+    if kind == "div_rowsum":
+        return vals[0] / vals[0].sum(axis=-1, keepdims=True)
+    if kind == "mul":
+        return vals[0] * vals[1]
+    if kind == "transpose":
+        return np.ascontiguousarray(np.transpose(vals[0], _ints(attr) or None))
+    if kind == "reshape":
+        return np.reshape(vals[0], _ints(attr))
+    if kind == "scale":
+        return vals[0] * float(attr)
+    if kind == "concat":
+        return np.concatenate(vals, axis=int(attr))
+    return apply_op(kind, vals, {})
+
+
+def _gelu_inplace(x: np.ndarray, t: np.ndarray) -> None:
+    np.multiply(x, x, out=t)
+    np.multiply(t, x, out=t)
+    t *= GELU_C1
+    t += x
+    t *= GELU_C0
+    np.tanh(t, out=t)
+    t += 1.0
+    t *= x
+    np.multiply(t, 0.5, out=x)
+
+
+def lib_step(kind: str, attr: str, ins: list[np.ndarray], out: np.ndarray) -> Callable[[], None]:
+    """A numpy implementation writing into ``out`` (no allocation where numpy allows)."""
+    a = ins[0]
+    b = ins[1] if len(ins) > 1 else None
+    if kind == "matmul":
+        return lambda: np.matmul(a, b, out=out)
+    if kind == "matmul_bcast":
+        ws = np.empty((*a.shape, b.shape[-1]), np.float32)  # the [.., M, K, N] product this form materialises
+
+        def run():
+            np.multiply(a[..., :, :, None], b[..., None, :, :], out=ws)
+            np.sum(ws, axis=-2, out=out)
+
+        return run
+    if kind in ("bias", "add"):
+        return lambda: np.add(a, b, out=out)
+    if kind == "mul":
+        return lambda: np.multiply(a, b, out=out)
+    if kind == "relu":
+        return lambda: np.maximum(a, 0, out=out)
+    if kind == "scale":
+        f = np.float32(float(attr))
+        return lambda: np.multiply(a, f, out=out)
+    if kind == "transpose":
+        perm = _ints(attr) or None
+        return lambda: np.copyto(out, np.transpose(a, perm))
+    if kind == "concat":
+        ax = int(attr)
+        return lambda: np.concatenate(ins, axis=ax, out=out)
+    if kind == "linear":
+        bias = ins[2]
+        t = np.empty_like(out)
+
+        def run():
+            np.matmul(a, b, out=out)
+            np.add(out, bias, out=out)
+            if attr == "relu":
+                np.maximum(out, 0, out=out)
+            elif attr == "gelu:tanh":
+                _gelu_inplace(out, t)
+
+        return run
+    if kind == "gelu":
+        if attr == "tanh":
+            t = np.empty_like(out)
+
+            def run():
+                np.copyto(out, a)
+                _gelu_inplace(out, t)
+
+            return run
+        from scipy.special import erf
+
+        t = np.empty_like(out)
+        r2 = np.float32(1 / math.sqrt(2.0))
+
+        def run():
+            np.multiply(a, r2, out=t)
+            erf(t, out=t)
+            t += 1.0
+            np.multiply(a, t, out=out)
+            out *= 0.5
+
+        return run
+    red = tuple(a.shape[:-1]) + (1,)
+    if kind in ("softmax", "exp_shifted"):
+        mx = np.empty(red, np.float32)
+        s = np.empty(red, np.float32)
+
+        def run():
+            np.max(a, axis=-1, keepdims=True, out=mx)
+            np.subtract(a, mx, out=out)
+            np.exp(out, out=out)
+            if kind == "softmax":
+                np.sum(out, axis=-1, keepdims=True, out=s)
+                np.divide(out, s, out=out)
+
+        return run
+    if kind == "div_rowsum":
+        s = np.empty(red, np.float32)
+
+        def run():
+            np.sum(a, axis=-1, keepdims=True, out=s)
+            np.divide(a, s, out=out)
+
+        return run
+    if kind in ("layernorm", "normalize"):
+        eps = np.float32(float(attr))
+        mu = np.empty(red, np.float32)
+        var = np.empty(red, np.float32)
+        sq = np.empty_like(out)
+        g, beta = (ins[1], ins[2]) if kind == "layernorm" else (None, None)
+
+        def run():
+            np.mean(a, axis=-1, keepdims=True, out=mu)
+            np.subtract(a, mu, out=out)
+            np.multiply(out, out, out=sq)
+            np.mean(sq, axis=-1, keepdims=True, out=var)
+            np.add(var, eps, out=var)
+            np.sqrt(var, out=var)
+            np.divide(out, var, out=out)
+            if g is not None:
+                np.multiply(out, g, out=out)
+                np.add(out, beta, out=out)
+
+        return run
+    raise PlanError(f"no library implementation of {kind!r}")
+
+
+def template_step(problem, knobs: dict, lib: ctypes.CDLL, ins: list[np.ndarray], out: np.ndarray,
+                  layer_params=None) -> Callable[[], None]:
+    """Bind a compiled template to arena views."""
+    if isinstance(problem, tuple):  # fused MLP
+        ws, bs = layer_params
+        return mlp_template.bind(lib, problem, knobs, ins[0].reshape(-1), ws, bs, out.reshape(-1))
+    t = TEMPLATES[problem.op]
+    op = problem.op
+    if op == "gemm":
+        M, N, K = problem.dims
+        d = {"A": ins[0].reshape(M, K), "B": ins[1], "bias": ins[2] if len(ins) > 2 else None}
+        return t.bind(lib, problem, knobs, d, out.reshape(M, N))
+    if op == "gemv":
+        d = {"x": ins[0].reshape(-1), "W": ins[1], "bias": ins[2] if len(ins) > 2 else None}
+        return t.bind(lib, problem, knobs, d, out.reshape(-1))
+    R, C = problem.dims
+    x = ins[0].reshape(R, C)
+    if op == "layernorm":
+        d = {"x": x, "gamma": ins[1], "beta": ins[2]}
+    elif op == "eltwise" and problem.epilogue == "bias":
+        d = {"x": x, "bias": ins[1]}
+    elif op == "eltwise" and problem.epilogue == "add":
+        d = {"x": x, "res": ins[1].reshape(R, C)}
+    else:
+        d = {"x": x}
+    return t.bind(lib, problem, knobs, d, out.reshape(R, C))
+
+
+@dataclass
+class Slot:
+    cls: str
+    size: int           # floats
+    first: int
+    last: int
+    offset: int = -1
+
+
+def plan_arena(slots: list[Slot]) -> int:
+    """Assign offsets so that slots alive at the same time never overlap; returns the
+    arena size in floats. Largest first, each at the lowest offset that fits."""
+    placed: list[Slot] = []
+    for s in sorted(slots, key=lambda s: (-s.size, s.first)):
+        busy = sorted((p.offset, p.offset + p.size) for p in placed if not (p.last < s.first or s.last < p.first))
+        off = 0
+        for lo, hi in busy:
+            if off + s.size <= lo:
+                break
+            off = max(off, -(-hi // ALIGN) * ALIGN)
+        s.offset = off
+        placed.append(s)
+    return max((s.offset + s.size for s in slots), default=0)
+
+
+class Plan:
+    """A program bound to a graph's weights and compiled kernels; call it on the graph's inputs.
+
+    Parameters:
+        graph: the source graph (inputs, params).
+        program: steps from ``Genome.program`` (children first, root last).
+        libs: compiled library path per template step's ``cls``.
+        problems: the kernel problem per template step's ``cls``.
+    """
+
+    def __init__(self, graph: Graph, program: list[dict], libs: dict[str, str], problems: dict[str, Any]):
+        self.graph, self.program = graph, program
+        by_cls = {s["cls"]: s for s in program}
+        root = program[-1]
+        outs = root["inputs"] if root["op"] == "lib2" and root["args"][0] == "pair" else [root["cls"]]
+        self.output_classes = self._flatten_pairs(outs, by_cls)
+        const: dict[str, np.ndarray] = {}
+        for s in program:  # constant folding: leaves and anything computed from parameters alone
+            if s["op"] == "T.param":
+                const[s["cls"]] = graph.params[s["args"][0]]
+            elif s["op"] == "T.param_t":
+                const[s["cls"]] = np.ascontiguousarray(graph.params[s["args"][0]].T)
+            elif s["op"] in ("lib1", "lib2", "lib3") and s["inputs"] and all(i in const for i in s["inputs"]) \
+                    and s["args"][0] != "pair":
+                const[s["cls"]] = np.ascontiguousarray(
+                    semantic(s["args"][0], s["args"][1], [const[i] for i in s["inputs"]]), dtype=np.float32)
+        self.constants = const
+        # slots for every runtime value; reshape is a view of its input's slot
+        order = {s["cls"]: i for i, s in enumerate(program)}
+        alias: dict[str, str] = {}
+        slots: dict[str, Slot] = {}
+        for i, s in enumerate(program):
+            c = s["cls"]
+            if c in const or s["op"].startswith("Layers.") or (s["op"] == "lib2" and s["args"][0] == "pair"):
+                continue
+            if s["op"] == "lib1" and s["args"][0] == "reshape" and s["inputs"][0] not in const:
+                alias[c] = alias.get(s["inputs"][0], s["inputs"][0])
+                continue
+            slots[c] = Slot(c, -(-math.prod(s["shape"]) // ALIGN) * ALIGN, i, i)
+        end = len(program)
+        for i, s in enumerate(program):
+            for k in s["inputs"]:
+                base = alias.get(k, k)
+                if base in slots:
+                    slots[base].last = max(slots[base].last, i)
+        for c in self.output_classes:
+            base = alias.get(c, c)
+            if base in slots:
+                slots[base].last = end
+        for name in graph.inputs:  # inputs live from the start
+            for s in program:
+                if s["op"] == "T.input" and s["args"][0] == name:
+                    slots[s["cls"]].first = -1
+        self.arena_floats = plan_arena(list(slots.values()))
+        self.arena = np.zeros(self.arena_floats + ALIGN, np.float32)
+        views: dict[str, np.ndarray] = {}
+        for c, sl in slots.items():
+            shape = tuple(by_cls[c]["shape"])
+            views[c] = self.arena[sl.offset: sl.offset + math.prod(shape)].reshape(shape)
+        for c, base in alias.items():
+            views[c] = views[base].reshape(tuple(by_cls[c]["shape"]))
+        self.views = views
+        self.input_views = []
+        for name in graph.inputs:
+            cls = next((s["cls"] for s in program if s["op"] == "T.input" and s["args"][0] == name), None)
+            self.input_views.append(views.get(cls))  # None: the input is not used by this plan
+        self._libs: dict[str, ctypes.CDLL] = {}
+        self.steps: list[Callable[[], None]] = []
+        self.packed_bytes = 0
+        for s in program:
+            c = s["cls"]
+            if c not in views or c in alias or s["op"] in ("T.input",):
+                continue
+            self.steps.append(self._bind(s, by_cls, const, views, libs, problems))
+
+    @staticmethod
+    def _flatten_pairs(outs, by_cls):
+        flat = []
+        for o in outs:
+            s = by_cls[o]
+            if s["op"] == "lib2" and s["args"][0] == "pair":
+                flat.extend(Plan._flatten_pairs(s["inputs"], by_cls))
+            else:
+                flat.append(o)
+        return flat
+
+    def _value(self, c: str, const, views) -> np.ndarray:
+        return const[c] if c in const else views[c]
+
+    def _bind(self, s, by_cls, const, views, libs, problems) -> Callable[[], None]:
+        out = views[s["cls"]]
+        op = s["op"]
+        if op in ("lib1", "lib2", "lib3"):
+            ins = [self._value(k, const, views) for k in s["inputs"]]
+            return lib_step(s["args"][0], s["args"][1], ins, out)
+        if op in ("tmpl1", "tmpl2", "tmpl3", "fused_mlp"):
+            path = libs.get(s["cls"])
+            if path is None:
+                raise PlanError(f"no compiled library for step {s['cls']} ({op} {s['args']})")
+            lib = self._libs.get(path) or self._libs.setdefault(path, ctypes.CDLL(path))
+            if op == "fused_mlp":
+                cells = self._layer_cells(s["inputs"][1], by_cls)
+                ws = [const[w] for w, _ in cells]
+                bs = [const[b] for _, b in cells]
+                self.packed_bytes += sum(w.nbytes for w in ws)
+                return template_step(problems[s["cls"]], s["knobs"], lib, [views[s["inputs"][0]]], out, (ws, bs))
+            ins = [self._value(k, const, views) for k in s["inputs"]]
+            p = problems[s["cls"]]
+            if isinstance(p, Problem) and p.op == "gemv" and s["knobs"].get("w_layout") == "packed":
+                self.packed_bytes += ins[1].nbytes
+            return template_step(p, s["knobs"], lib, ins, out)
+        raise PlanError(f"step {s['cls']}: {op} is not an implementation")
+
+    @staticmethod
+    def _layer_cells(cls: str, by_cls) -> list[tuple[str, str]]:
+        s = by_cls[cls]
+        if s["op"] == "Layers.one":
+            return [(s["inputs"][0], s["inputs"][1])]
+        return Plan._layer_cells(s["inputs"][0], by_cls) + [(s["inputs"][1], s["inputs"][2])]
+
+    # -- running ------------------------------------------------------------------
+    def run(self) -> None:
+        """Run every step on the inputs already in their slots."""
+        for f in self.steps:
+            f()
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        if len(inputs) != len(self.input_views):
+            raise PlanError(f"the plan takes {len(self.input_views)} inputs "
+                            f"({', '.join(self.graph.inputs)}), got {len(inputs)}")
+        for (name, shp), view, x in zip(self.graph.inputs.items(), self.input_views, inputs):
+            x = np.asarray(x)
+            if tuple(x.shape) != tuple(shp):
+                raise PlanError(f"input {name!r} has shape {tuple(x.shape)}; the plan was tuned for {tuple(shp)}")
+            if view is not None:
+                np.copyto(view, x, casting="same_kind")
+        self.run()
+        return [np.array(self._value(c, self.constants, self.views)) for c in self.output_classes]
+
+    @property
+    def peak_bytes(self) -> int:
+        """Arena plus weights (and their packed copies): what the plan holds while it runs."""
+        params = sum(v.nbytes for v in self.constants.values())
+        return 4 * self.arena_floats + params + self.packed_bytes
+
+
+def peak_bytes_of(program: list[dict], graph: Graph) -> int:
+    """Peak bytes of a program without compiling it: arena (with workspaces) plus weights."""
+    const = set()
+    by_cls = {s["cls"]: s for s in program}
+    slots: dict[str, Slot] = {}
+    alias: dict[str, str] = {}
+    params = 0
+    for i, s in enumerate(program):
+        c = s["cls"]
+        if s["op"] in ("T.param", "T.param_t"):
+            const.add(c)
+            params += graph.params[s["args"][0]].nbytes
+            continue
+        if s["op"] in ("lib1", "lib2", "lib3") and s["inputs"] and all(k in const for k in s["inputs"]) \
+                and s["args"][0] != "pair":
+            const.add(c)
+            params += 4 * math.prod(s["shape"])
+            continue
+        if s["op"].startswith("Layers.") or (s["op"] == "lib2" and s["args"][0] == "pair"):
+            continue
+        if s["op"] == "lib1" and s["args"][0] == "reshape":
+            alias[c] = alias.get(s["inputs"][0], s["inputs"][0])
+            continue
+        ws = 0
+        if s["op"] == "lib2" and s["args"][0] == "matmul_bcast":
+            x = by_cls[s["inputs"][0]]["shape"]
+            w = by_cls[s["inputs"][1]]["shape"]
+            ws = math.prod(x) * w[-1]
+        slots[c] = Slot(c, -(-(math.prod(s["shape"]) + ws) // ALIGN) * ALIGN, i, i)
+    for i, s in enumerate(program):
+        for k in s["inputs"]:
+            base = alias.get(k, k)
+            if base in slots:
+                slots[base].last = max(slots[base].last, i)
+    root = program[-1]["cls"]
+    base = alias.get(root, root)
+    if base in slots:
+        slots[base].last = len(program)
+    return 4 * plan_arena(list(slots.values())) + params
+

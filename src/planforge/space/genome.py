@@ -1,0 +1,181 @@
+"""The genome over a saturated e-graph: one gene per e-class, plus the knobs of each template.
+
+Genes are the e-classes with more than one usable e-node; a gene's values are
+the e-nodes it may choose. Each template e-node carries one more gene, its
+knob setting, drawn from a fixed list of valid settings of that template's
+space for that node's shapes. A genome is turned into a program by following
+its choices from the root (classes not reachable under the current choices
+are ignored, so mutating them changes nothing); a choice that closes a cycle
+is repaired towards the greedy extraction. The fingerprint of a genome is the
+hash of the program it extracts (with the knobs of the templates it uses):
+two genomes that extract the same program are measured once.
+"""
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from typing import Callable
+
+from ..rewrite.analysis import Analysis
+from ..rewrite.egraph import EClassGraph, ENode
+from ..rewrite.extract import Choice, reachable, repair
+from .space import Candidate, Knob, Space, SpaceError
+
+CONFIGS_PER_NODE = 24
+
+
+def short(cid: str) -> str:
+    """``planforge.rewrite.lang.T-14`` -> ``T14``."""
+    tail = cid.rsplit(".", 1)[-1]
+    return tail.replace("-", "")
+
+
+def label(n: ENode, idx: int) -> str:
+    args = ",".join(a for a in n.args if a != "")
+    return f"{n.op}({args})#{idx}" if args else f"{n.op}#{idx}"
+
+
+def knob_configs(space: Space, first: dict[str, Any], n: int, seed: int) -> list[dict[str, Any]]:
+    """``first`` (snapped to the space when it is not a valid point) then distinct random valid settings."""
+    rng = random.Random(seed)
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    try:
+        c = space.make({k.name: first.get(k.name, k.values[0]) for k in space.knobs})
+        if space.is_valid(c):
+            out.append(c.as_dict())
+            seen.add(c.fingerprint)
+    except SpaceError:
+        pass
+    for _ in range(n * 30):
+        if len(out) >= n:
+            break
+        c = space.sample(rng)
+        if c.fingerprint not in seen:
+            seen.add(c.fingerprint)
+            out.append(c.as_dict())
+    return out
+
+
+@dataclass
+class Genome:
+    """The plan space of a graph: build it with ``Genome.build``; ``space`` is what strategies search."""
+
+    eg: EClassGraph
+    analysis: Analysis
+    allowed: dict[str, list[str]]        # class -> usable node ids (memory-pruned, available)
+    fallback: Choice                      # greedy extraction: acyclic, used for cycle repair
+    problems: dict[str, Any]              # template node id -> Problem / layer tuple
+    configs: dict[str, list[dict]]        # template node id -> knob settings
+    space: Space = field(init=False)
+    genes: dict[str, str] = field(default_factory=dict)   # gene name -> class id
+    knob_of: dict[str, str] = field(default_factory=dict)  # knob gene name -> node id
+
+    @classmethod
+    def build(cls, eg: EClassGraph, analysis: Analysis, allowed: Mapping[str, list[str]], fallback: Choice,
+              knob_space: Callable[[Any], Space], defaults: Callable[[Any], dict],
+              configs_per_node: int = CONFIGS_PER_NODE) -> "Genome":
+        """``knob_space(problem)`` and ``defaults(problem)`` come from the kernel templates."""
+        problems, configs = {}, {}
+        for ns in allowed.values():
+            for nid in ns:
+                n = eg.node(nid)
+                if n.impl in ("tmpl", "fused"):
+                    p = analysis.problem(n)
+                    problems[nid] = p
+                    configs[nid] = knob_configs(knob_space(p), defaults(p), configs_per_node, zlib.crc32(nid.encode()))
+        g = cls(eg, analysis, {c: list(v) for c, v in allowed.items()}, dict(fallback), problems, configs)
+        g._make_space()
+        return g
+
+    def _make_space(self) -> None:
+        knobs: list[Knob] = []
+        for c in sorted(self.allowed, key=short):
+            ns = self.allowed[c]
+            if len(ns) > 1:
+                name = f"c_{short(c)}"
+                self.genes[name] = c
+                knobs.append(Knob(name, tuple(label(self.eg.node(nid), i) for i, nid in enumerate(ns)), "gene"))
+        for nid in sorted(self.configs, key=lambda x: (short(self.eg.node(x).eclass), x)):
+            n = self.eg.node(nid)
+            if len(self.configs[nid]) > 1:
+                name = f"k_{short(n.eclass)}_{self.allowed[n.eclass].index(nid)}"
+                self.knob_of[name] = nid
+                knobs.append(Knob(name, tuple(range(len(self.configs[nid]))), "categorical"))
+        if not knobs:  # a single possible plan: still a (one-point) space
+            knobs.append(Knob("plan", ("only",), "gene"))
+        self.space = Space(knobs, canon=self.program_json)
+
+    # -- genome -> program ------------------------------------------------------
+    def choice(self, config: Mapping[str, Any]) -> Choice:
+        ch = dict(self.fallback)
+        for name, c in self.genes.items():
+            if name in config:
+                idx = int(str(config[name]).rsplit("#", 1)[1])
+                ch[c] = self.allowed[c][idx]
+        for c, ns in self.allowed.items():
+            if len(ns) == 1:
+                ch[c] = ns[0]
+        return repair(self.eg, ch, self.fallback)
+
+    def knobs_for(self, nid: str, config: Mapping[str, Any]) -> dict[str, Any] | None:
+        if nid not in self.configs:
+            return None
+        n = self.eg.node(nid)
+        name = f"k_{short(n.eclass)}_{self.allowed[n.eclass].index(nid)}"
+        return self.configs[nid][int(config.get(name, 0))]
+
+    def program(self, config: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The extracted plan: steps in execution order (children first)."""
+        ch = self.choice(config)
+        steps = []
+        for c in reachable(self.eg, ch):
+            n = self.eg.node(ch[c])
+            p = self.problems.get(n.id)
+            problem = None if p is None else ({"layers": [list(x) for x in p]} if isinstance(p, tuple) else p.to_json())
+            steps.append({"cls": short(c), "op": n.op, "args": list(n.args),
+                          "inputs": [short(k) for k in n.children], "knobs": self.knobs_for(n.id, config),
+                          "problem": problem,
+                          "shape": list(self.analysis.shapes[c]) if self.analysis.shapes.get(c) else None})
+        return steps
+
+    def program_json(self, config: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return self.program(config)
+
+    def candidate_of(self, choice: Choice, knob_index: int = 0) -> Candidate:
+        """The genome that extracts ``choice`` with every template at setting ``knob_index``."""
+        cfg: dict[str, Any] = {}
+        for k in self.space.knobs:
+            if k.name in self.genes:
+                c = self.genes[k.name]
+                nid = choice.get(c, self.fallback.get(c, self.allowed[c][0]))
+                cfg[k.name] = k.values[self.allowed[c].index(nid)] if nid in self.allowed[c] else k.values[0]
+            elif k.name in self.knob_of:
+                cfg[k.name] = min(knob_index, len(k.values) - 1)
+            else:
+                cfg[k.name] = k.values[0]
+        return self.space.make(cfg)
+
+    def template_steps(self, config: Mapping[str, Any]) -> list[tuple[str, Any, dict]]:
+        """(node id, problem, knobs) of every template in the extracted program."""
+        ch = self.choice(config)
+        out = []
+        for c in reachable(self.eg, ch):
+            nid = ch[c]
+            if nid in self.problems:
+                out.append((nid, self.problems[nid], self.knobs_for(nid, config)))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        n_plans = 1
+        for name, c in self.genes.items():
+            n_plans *= len(self.allowed[c])
+        return {"eclasses": len(self.eg.classes), "enodes": self.eg.n_nodes, "genes": len(self.genes),
+                "knob_genes": len(self.knob_of), "genome_size": self.space.size,
+                "graph_choices": n_plans, "saturation": self.eg.stats}
+
+
+__all__ = ["Genome", "knob_configs", "short"]

@@ -1,0 +1,88 @@
+"""Whole-model workloads: a graph (zoo model or imported file) tuned as one plan space.
+
+The graph goes into an e-graph, the rule sets saturate it within limits, the
+e-nodes that cannot fit the memory budget are pruned, greedy and ILP
+extraction give two starting plans, and the genome (one gene per e-class plus
+the knobs of each template) is what the search explores, measuring whole
+plans end to end.
+"""
+from __future__ import annotations
+
+import os
+import time
+from functools import partial
+from typing import Any
+
+from ..backends.graph import GraphBackend
+from ..backends.plan import peak_bytes_of
+from ..ir import ZOO, Graph
+from ..kernels.cpu import default_knobs, knob_space, limits
+from ..rewrite import Limits, saturate
+from ..rewrite.analysis import analyse, estimate
+from ..rewrite.extract import greedy, ilp, prune_memory, usable
+from ..space.genome import Genome
+from ..validate import MemoryBudget
+from .base import Manifest, Task, Workload
+
+DEFAULT_RULESETS = ("epilogue", "layout", "algebra")
+
+
+def _rulesets(graph: Graph) -> list[str]:
+    """Everything, plus fusing consecutive layers when every matmul works on a single row."""
+    shapes = graph.shapes()
+    rows = [shapes[n.inputs[0]][:-1] for n in graph.nodes if n.op in ("matmul", "linear")]
+    single = bool(rows) and all(len(r) >= 1 and all(d == 1 for d in r) for r in rows)
+    return [*DEFAULT_RULESETS, *(["mlp_fusion"] if single else [])]
+
+
+def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = None, memory_budget_mb: float = 1024,
+                   seed: int = 0, node_limit: int = 20_000, profile=None) -> Workload:
+    if profile is None:
+        from ..backends.probe import get_profile
+
+        profile = get_profile(quick=os.environ.get("PLANFORGE_PROBE", "") == "quick")
+    lim = limits(profile)
+    budget = int(memory_budget_mb * 2**20)
+    t0 = time.perf_counter()
+    eg = saturate(graph, _rulesets(graph), Limits(nodes=node_limit))
+    a = analyse(eg, graph)
+    allowed = usable(eg, {c: [n.id for n in ns if n.executable and n.id not in a.unavailable]
+                          for c, ns in eg.classes.items()})
+    node_bytes = {nid: a.out_bytes(eg.node(nid)) + a.workspace_bytes(eg.node(nid))
+                  for ns in allowed.values() for nid in ns}
+    allowed, pruned = prune_memory(eg, allowed, node_bytes, budget)
+    costs = {nid: estimate(a, eg.node(nid), profile) for ns in allowed.values() for nid in ns}
+    t1 = time.perf_counter()
+    g_choice = greedy(eg, costs, allowed)
+    t2 = time.perf_counter()
+    i_choice, how = ilp(eg, costs, allowed)
+    t3 = time.perf_counter()
+    genome = Genome.build(eg, a, allowed, g_choice, knob_space=partial(knob_space, lim=lim),
+                          defaults=partial(default_knobs, lim=lim))
+    seeds = [genome.candidate_of(i_choice), genome.candidate_of(g_choice)]
+
+    def peak(c) -> int:
+        return peak_bytes_of(genome.program(c.as_dict()), graph)
+
+    task = Task(key="graph", space=genome.space, backend=GraphBackend(graph, genome, profile, seed=seed),
+                validators=(MemoryBudget(budget, peak),), peak_bytes=peak)
+    task.seeds = seeds
+    task.info = {**genome.describe(), "pruned_by_memory": len(pruned), "saturation_s": t1 - t0,
+                 "greedy_s": t2 - t1, "ilp_s": t3 - t2, "ilp": how}
+    shapes = {k: list(v) for k, v in graph.inputs.items()}
+    manifest = Manifest(name, shapes=shapes, dtypes={k: graph.dtype for k in shapes},
+                        options={**(options or {}), "memory_budget_mb": memory_budget_mb, "seed": seed})
+    return Workload(manifest, [task], description=f"{graph.name}: {len(graph.nodes)} ops, "
+                                                   f"{graph.param_bytes() / 1e6:.2f} MB of weights")
+
+
+def zoo_workload(name: str, memory_budget_mb: float = 1024, seed: int = 0) -> Workload:
+    return graph_workload(ZOO[name](), name, memory_budget_mb=memory_budget_mb, seed=seed)
+
+
+def file_workload(path: str, memory_budget_mb: float = 1024, seed: int = 0) -> Workload:
+    from ..ir import load_model
+
+    g = load_model(path)
+    return graph_workload(g, os.path.abspath(path), {"file": os.path.abspath(path)},
+                          memory_budget_mb=memory_budget_mb, seed=seed)
