@@ -308,15 +308,19 @@ STRATEGIES: dict[str, type[Strategy]] = {
 def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = None, cost_model=None,
                   **options) -> Strategy:
     """Build a strategy by name. ``auto`` is exhaustive when the valid space
-    fits in ``budget`` and genetic otherwise."""
+    fits in ``budget``; otherwise model-guided (``model``) when ``cost_model``
+    has features for a learned model (the CPU kernel tasks' analytic model),
+    and genetic when it has none."""
     if name == "auto":
         try:
             fits = budget is not None and space.valid_size() <= budget
         except SpaceError:
             fits = False
-        name = "exhaustive" if fits else "genetic"
+        name = "exhaustive" if fits else "model" if hasattr(cost_model, "features_of") else "genetic"
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose one of: auto, {', '.join(STRATEGIES)}")
+    if name == "model":
+        return STRATEGIES[name](space, seed, cost_model=cost_model, **options)
     if name == "proxy-topk":
         options.setdefault("k", budget or 3)
         return ProxyTopK(space, seed, cost_model=cost_model, **options)
@@ -324,3 +328,5 @@ def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = N
     if "initial" in options and "initial" not in inspect.signature(cls.__init__).parameters:
         options.pop("initial")  # this strategy takes no seed candidates
     return cls(space, seed, **options)
+
+from . import evolution  # noqa: E402,F401  (registers the model-guided strategy, "model")

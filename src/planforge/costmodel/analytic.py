@@ -1,0 +1,544 @@
+"""Analytic cost model: roofline bounds, on-chip capacity and launch latency, from the DeviceProfile.
+
+For each candidate of a CPU template the model counts the FLOPs, the bytes it
+moves at each memory level given its tiling (a reuse model per template), and
+from the profile's measured ceilings (peak FLOP/s per vector width and thread
+count, bandwidth per level, call overhead, fork-join cost) derives:
+
+- ``bound_s``: a lower bound no run of the plan can beat: the slowest thread's
+  FLOPs at the peak of its vector width, or the bytes that cannot come from a
+  faster level at that level's bandwidth, whichever is larger, plus the thread
+  launch (fork and join) of a parallel plan. It uses only what the plan must
+  do, never a guess of what it will waste, so it stays below what is measured.
+- ``predicted_s``: a latency estimate: the same roofline with the losses the
+  model knows about (scalar edge tiles, too few FMA chains to hide latency,
+  load imbalance between threads, re-streamed tiles and wasted cache lines).
+- ``fits``: the working-set capacity checks (register tile, micro-panels in
+  L1, blocks in L2 and L3); ``reason`` says which one a point fails.
+
+Everything is computed on numpy columns (one array per knob), so the funnel
+scores a space of hundreds of thousands of points at once; ``predict`` and
+``lower_bound`` take candidates, as every ``CostModel`` does.
+
+Assumptions (not device ceilings, and named here so they can be checked):
+``LINE_BYTES`` (a cache line), ``FMA_CHAINS`` (independent accumulators
+needed to keep the FMA pipes busy: latency 4 x 2 pipes on current x86 and Arm
+cores; the probe's own peak kernel uses 12-16) and ``OVERLAP_LOSS`` (the share
+of the non-limiting roofline terms that shows in the prediction, since compute
+and memory traffic never overlap perfectly). The bound uses none of them.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..space import Candidate, Space
+from .columns import columns
+
+LEVELS = ("L1", "L2", "L3", "DRAM")
+_CACHE = {"L1": "L1d", "L2": "L2", "L3": "L3"}
+LINE_BYTES = 64
+FMA_CHAINS = 8
+OVERLAP_LOSS = 0.25
+F32 = 4
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The profile's measured ceilings, in the form the model uses.
+
+    ``rate_bits``: one-thread FLOP/s per vector width (bits); ``speedup``:
+    all-thread peak over one-thread peak; ``bw``: per level, (one-thread,
+    all-thread) bytes/s for reads and for copies; ``cache``: per level, (bytes
+    of one instance, instances, CPUs sharing one); ``call_s``: one call into a
+    compiled kernel; ``launch_s``: one fork and join of the profile's threads.
+    """
+
+    rate_bits: dict[int, float]
+    speedup: float
+    threads: int
+    bw: dict[str, dict[str, tuple[float, float]]]
+    cache: dict[str, tuple[int, int, int]]
+    call_s: float
+    launch_s: float
+    fingerprint: str = ""
+
+    @classmethod
+    def from_profile(cls, profile, launch_s: float | None = None) -> "Ceilings":
+        from .launch import launch_overhead
+
+        rates = {int(b): float(r) for b, r in profile.peak_flops_1t_by_bits.items() if r and r > 0}
+        if not rates:
+            rates = {int(profile.peak_bits): float(profile.peak_flops_1t)}
+        threads = max(1, int(profile.threads))
+        bw: dict[str, dict[str, tuple[float, float]]] = {}
+        for lvl in LEVELS:
+            one = profile.bandwidth_1t.get(lvl, {})
+            allt = profile.bandwidth.get(lvl, {})
+            kinds = {}
+            for kind in ("read", "copy"):
+                if one.get(kind):
+                    kinds[kind] = (float(one[kind]), float(allt.get(kind) or one[kind]))
+            if kinds:
+                kinds.setdefault("read", kinds.get("copy"))
+                kinds.setdefault("copy", kinds["read"])
+                bw[lvl] = kinds
+        if "DRAM" not in bw:
+            raise ValueError(f"device profile {profile.fingerprint} has no DRAM bandwidth; run `planforge probe`")
+        cache = {}
+        for lvl, name in _CACHE.items():
+            c = profile.caches.get(name)
+            if c is not None and lvl in bw:
+                cache[lvl] = (int(c.bytes), max(1, int(c.instances)), max(1, int(c.shared_by)))
+        if launch_s is None:
+            launch_s = launch_overhead(profile, threads) if threads > 1 and profile.openmp else 0.0
+        return cls(rates, max(1.0, profile.peak_flops_all / profile.peak_flops_1t), threads, bw, cache,
+                   float(profile.call_overhead_s), float(launch_s), profile.fingerprint)
+
+    # -- compute ---------------------------------------------------------------
+    def rate_bound(self, lanes) -> np.ndarray:
+        """One-thread FLOP/s no code of ``lanes``-wide vectors can exceed: the
+        measured rate of the narrowest width at least as wide (wider vectors
+        than measured run as several of the widest)."""
+        lanes = np.asarray(lanes)
+        widths = sorted(self.rate_bits)
+        out = np.full(lanes.shape, self.rate_bits[widths[-1]], dtype=float)
+        for b in reversed(widths):
+            out = np.where(lanes * 32 <= b, self.rate_bits[b], out)
+        return out
+
+    def rate_est(self, lanes) -> np.ndarray:
+        """Expected one-thread FLOP/s of ``lanes``-wide vectors: the per-lane rate
+        of the nearest measured width, times the lanes used."""
+        lanes = np.asarray(lanes, dtype=float)
+        widths = sorted(self.rate_bits)
+        out = np.full(lanes.shape, self.rate_bits[widths[-1]], dtype=float)
+        for b in reversed(widths):
+            out = np.where(lanes * 32 <= b, self.rate_bits[b] * lanes * 32 / b, out)
+        return out
+
+    def scale(self, threads) -> np.ndarray:
+        """How many one-thread peaks ``threads`` threads reach together."""
+        return np.minimum(np.asarray(threads, dtype=float), self.speedup)
+
+    # -- memory ----------------------------------------------------------------
+    def bandwidth(self, level: str, threads, kind: str = "read") -> np.ndarray:
+        one, allt = self.bw[level][kind]
+        return np.minimum(np.asarray(threads, dtype=float) * one, allt)
+
+    def capacity(self, level: str, threads=1) -> np.ndarray:
+        """Bytes of ``level`` that ``threads`` threads have between them."""
+        size, inst, share = self.cache[level]
+        return size * np.minimum(inst, np.ceil(np.asarray(threads, dtype=float) / share))
+
+    def per_thread(self, level: str, threads) -> np.ndarray:
+        """Bytes of one instance of ``level`` left to each thread sharing it."""
+        size, inst, share = self.cache[level]
+        return size / np.minimum(share, np.maximum(1, np.asarray(threads, dtype=float)))
+
+    def home(self, nbytes, threads, per_thread: bool = False) -> np.ndarray:
+        """Index into ``LEVELS`` of the fastest level holding ``nbytes`` (of each
+        thread when ``per_thread``, else of them all)."""
+        nbytes = np.asarray(nbytes, dtype=float)
+        out = np.full(np.broadcast(nbytes, np.asarray(threads)).shape, LEVELS.index("DRAM"))
+        for i in reversed(range(len(LEVELS) - 1)):
+            lvl = LEVELS[i]
+            if lvl in self.cache:
+                cap = self.per_thread(lvl, threads) if per_thread else self.capacity(lvl, threads)
+                out = np.where(nbytes <= cap, i, out)
+        return out
+
+    def memory_bound(self, nbytes, threads, cold: bool) -> np.ndarray:
+        """Seconds the compulsory traffic ``nbytes`` needs at least. Every byte
+        passes through L1; with hot caches, the bytes that cannot sit in the
+        levels above a level come from it or below it; with cold caches they
+        all come from DRAM. Each at no more than the level's best bandwidth;
+        the bound is the largest of these times."""
+        nbytes = np.asarray(nbytes, dtype=float)
+        t = np.zeros(np.broadcast(nbytes, np.asarray(threads)).shape)
+        above = np.zeros_like(t)
+        for lvl in LEVELS:
+            if lvl not in self.bw:
+                continue
+            must = nbytes if cold else np.maximum(0.0, nbytes - above)
+            fastest = np.maximum(self.bandwidth(lvl, threads, "read"), self.bandwidth(lvl, threads, "copy"))
+            t = np.maximum(t, must / fastest)
+            if lvl in self.cache:
+                above = above + self.capacity(lvl, threads)
+        return t
+
+    def bandwidth_at(self, level_idx, threads) -> np.ndarray:
+        """Read bandwidth of the level each entry of ``level_idx`` (into ``LEVELS``) names."""
+        level_idx = np.asarray(level_idx)
+        out = np.zeros(level_idx.shape)
+        for i, lvl in enumerate(LEVELS):
+            if lvl in self.bw:
+                out = np.where(level_idx == i, self.bandwidth(lvl, threads), out)
+        return np.where(out > 0, out, self.bandwidth("DRAM", threads))
+
+
+@dataclass
+class Estimate:
+    """Per-point results, all arrays of one length.
+
+    flops: FLOPs the plan executes (padding included); useful_flops: the
+    problem's; bytes: per level, the bytes the reuse model moves there;
+    compute_s / memory_s: per-term times of the prediction; bound_s, predicted_s
+    (seconds); fits (bool) and reason (str, "" when it fits); limiter: the
+    level name or "compute" that sets the prediction."""
+
+    flops: np.ndarray
+    useful_flops: np.ndarray
+    bytes: dict[str, np.ndarray]
+    compute_s: np.ndarray
+    memory_s: dict[str, np.ndarray]
+    overhead_s: np.ndarray
+    bound_s: np.ndarray
+    predicted_s: np.ndarray
+    fits: np.ndarray
+    reason: np.ndarray
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def intensity(self) -> np.ndarray:
+        """FLOPs per byte moved from the slowest level any bytes come from."""
+        moved = np.zeros_like(self.flops)
+        for lvl in reversed(LEVELS):
+            b = self.bytes.get(lvl)
+            if b is not None:
+                moved = np.where(moved > 0, moved, b)
+        return self.useful_flops / np.maximum(moved, 1.0)
+
+    @property
+    def limiter(self) -> np.ndarray:
+        names = ["compute", *self.memory_s]
+        stack = np.stack([self.compute_s, *self.memory_s.values()])
+        return np.array(names, dtype=object)[np.argmax(stack, axis=0)]
+
+    def row(self, i: int) -> dict[str, Any]:
+        """One point's figures as plain JSON values."""
+        return {"flops": float(self.flops[i]), "bytes": {k: float(v[i]) for k, v in self.bytes.items()},
+                "intensity": float(self.intensity[i]), "bound_s": float(self.bound_s[i]),
+                "predicted_s": float(self.predicted_s[i]), "limiter": str(self.limiter[i]),
+                "fits": bool(self.fits[i]), "reason": str(self.reason[i])}
+
+
+def _ceil(a, b):
+    return -(-np.asarray(a) // np.asarray(b))
+
+
+def _split(extent, blk, tile):
+    """(columns covered by full tiles, columns when edge tiles are padded) of
+    ``extent`` cut into blocks of ``blk``, each cut into tiles of ``tile``."""
+    extent, blk, tile = (np.asarray(x, dtype=np.int64) for x in (extent, blk, tile))
+    blk = np.minimum(blk, np.maximum(extent, 1))
+    nfull, rem = extent // blk, extent % blk
+    full = nfull * (blk // tile * tile) + rem // tile * tile
+    padded = nfull * _ceil(blk, tile) * tile + _ceil(rem, tile) * tile
+    return full, padded
+
+
+def _codes(col, value) -> np.ndarray:
+    return np.asarray(col == value, dtype=bool)
+
+
+class AnalyticModel:
+    """The analytic model of one template on one problem and device.
+
+    Parameters:
+        op, dims, epilogue: the problem (as ``kernels.cpu.Problem`` holds it).
+        flops: the problem's useful FLOPs.
+        ceilings: from ``Ceilings.from_profile(profile)``.
+        space: the task's space (decodes candidates into columns).
+        cold: True when every timed call starts with cold caches (the timing
+            flushes them); default False: hot repeated calls, as measured.
+    """
+
+    name = "roofline"
+
+    def __init__(self, op: str, dims: Sequence[int], epilogue: str, flops: float, ceilings: Ceilings,
+                 space: Space, cold: bool = False, vregs: int = 16):
+        if op not in _MODELS:
+            raise ValueError(f"no analytic model for op {op!r}; known: {', '.join(_MODELS)}")
+        self.op, self.dims, self.epilogue = op, tuple(int(d) for d in dims), epilogue
+        self.useful = float(flops)
+        self.ceil = ceilings
+        self.space = space
+        self.cold = cold
+        self.vregs = vregs
+
+    @classmethod
+    def for_problem(cls, problem, space: Space, profile, cold: bool = False, ceilings: Ceilings | None = None):
+        from ..kernels.cpu import flops, limits
+
+        return cls(problem.op, problem.dims, problem.epilogue, flops(problem),
+                   ceilings or Ceilings.from_profile(profile), space, cold, limits(profile).vector_registers)
+
+    def describe(self) -> dict[str, Any]:
+        c = self.ceil
+        return {"name": self.name, "op": self.op, "dims": list(self.dims), "cold": self.cold,
+                "peak_flops_1t_by_bits": {str(k): v for k, v in sorted(c.rate_bits.items())},
+                "call_s": c.call_s, "launch_s": c.launch_s}
+
+    # -- the vectorised core -------------------------------------------------
+    def evaluate(self, cols: Mapping[str, np.ndarray]) -> Estimate:
+        """The estimate of every point whose knob values are ``cols``."""
+        return _MODELS[self.op](self, cols)
+
+    def estimate(self, candidates: Sequence[Candidate]) -> Estimate:
+        return self.evaluate(columns(self.space, candidates))
+
+    # -- the CostModel protocol and friends -----------------------------------
+    def predict(self, candidates: Sequence[Candidate]) -> list[float]:
+        """Predicted seconds per candidate; +inf for one that fails a capacity check."""
+        if not candidates:
+            return []
+        e = self.estimate(candidates)
+        return [float(p) if f else math.inf for p, f in zip(e.predicted_s, e.fits)]
+
+    def lower_bound(self, candidates: Sequence[Candidate]) -> list[float]:
+        """Seconds no run of each candidate can beat."""
+        if not candidates:
+            return []
+        return [float(b) for b in self.estimate(candidates).bound_s]
+
+    def capacity(self, candidates: Sequence[Candidate]) -> list[str | None]:
+        """Per candidate, the capacity check it fails (None when it fits)."""
+        if not candidates:
+            return []
+        e = self.estimate(candidates)
+        return [None if f else str(r) for f, r in zip(e.fits, e.reason)]
+
+    def feature_names(self) -> list[str]:
+        return list(self._features(self.evaluate(_one_point(self.space))).keys())
+
+    def features(self, candidates: Sequence[Candidate]) -> np.ndarray:
+        """Analytic features per candidate (rows), for learned models: log bound,
+        log prediction, the compute and per-level memory terms, intensity, and
+        the template's own loss factors."""
+        if not candidates:
+            return np.zeros((0, len(self.feature_names())))
+        return self.features_of(self.estimate(candidates))
+
+    def features_of(self, e: Estimate) -> np.ndarray:
+        return np.column_stack(list(self._features(e).values())).astype(float)
+
+    def _features(self, e: Estimate) -> dict[str, np.ndarray]:
+        tiny = 1e-12
+        f = {"log_bound": np.log(e.bound_s + tiny), "log_pred": np.log(e.predicted_s + tiny),
+             "log_compute": np.log(e.compute_s + tiny), "log_intensity": np.log(e.intensity + tiny),
+             "fits": e.fits.astype(float)}
+        for lvl, t in e.memory_s.items():
+            f[f"log_mem_{lvl}"] = np.log(t + tiny)
+        for k, v in sorted(e.extra.items()):
+            f[k] = np.asarray(v, dtype=float)
+        return f
+
+
+def _one_point(space: Space) -> dict[str, np.ndarray]:
+    c = space.sample(random.Random(0))
+    return columns(space, [c])
+
+
+# -- the templates' reuse models ----------------------------------------------
+
+def _finish(m: AnalyticModel, n: int, *, flops, threads, active, compute_lb, compute_pred,
+            traffic: dict[str, np.ndarray], compulsory, serial_s=0.0, fits=None, reason=None,
+            extra=None) -> Estimate:
+    """Turn per-level traffic and compute terms into bounds and a prediction."""
+    c = m.ceil
+    threads = np.broadcast_to(np.asarray(threads), (n,))
+    active = np.broadcast_to(np.asarray(active), (n,))
+    launch = np.where(threads > 1, c.launch_s, 0.0)
+    over = c.call_s + launch
+    mem_lb = c.memory_bound(compulsory, active, m.cold)
+    # the probe's call is a ctypes call with four arguments; a kernel's may cost less, so the
+    # bound leaves the call out and keeps only the fork-join a parallel kernel cannot avoid
+    bound = np.maximum(compute_lb, mem_lb) + launch
+    memory_s = {}
+    for lvl, b in traffic.items():
+        if lvl in c.bw:
+            memory_s[lvl] = np.broadcast_to(b, (n,)) / c.bandwidth(lvl, active, "read")
+    terms = [np.broadcast_to(compute_pred, (n,)), *memory_s.values()]
+    top = np.maximum.reduce(terms)
+    # compute and the memory levels overlap, but not perfectly: a share of the other terms shows
+    pred = top + OVERLAP_LOSS * (np.add.reduce(terms) - top) + over + serial_s
+    pred = np.maximum(pred, bound)  # a prediction below what is provably needed is never right
+    fits = np.ones(n, dtype=bool) if fits is None else fits
+    reason = np.full(n, "", dtype=object) if reason is None else reason
+    return Estimate(np.broadcast_to(np.asarray(flops, dtype=float), (n,)), np.full(n, m.useful),
+                    {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)) for k, v in traffic.items()},
+                    np.broadcast_to(np.asarray(compute_pred, dtype=float), (n,)), memory_s, over,
+                    np.asarray(bound, dtype=float), np.asarray(pred, dtype=float), fits, reason, extra or {})
+
+
+def _add(traffic: dict[str, np.ndarray], level_idx, nbytes) -> None:
+    level_idx = np.asarray(level_idx)
+    for i, lvl in enumerate(LEVELS):
+        part = np.where(level_idx == i, nbytes, 0.0)
+        traffic[lvl] = traffic.get(lvl, 0.0) + part
+
+
+def _check(fits, reason, ok, why: str):
+    fresh = fits & ~ok
+    reason[fresh] = why
+    return fits & ok
+
+
+def _gemm(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
+    c = m.ceil
+    M, N, K = m.dims
+    vec, mr, nv = (np.asarray(k[x], dtype=np.int64) for x in ("vec", "mr", "nv"))
+    pa, pb = np.asarray(k["pack_a"], dtype=np.int64), np.asarray(k["pack_b"], dtype=np.int64)
+    ji = _codes(k["order"], "ji")
+    mc, kc, nc = (np.asarray(k[x], dtype=np.int64) for x in ("mc", "kc", "nc"))
+    T = np.asarray(k["threads"], dtype=np.int64)
+    par_n = _codes(k["par"], "n") | (T == 1)
+    n = len(vec)
+    NR = nv * vec
+    kc_, mc_ = np.minimum(kc, K), np.minimum(mc, M)
+    # the largest thread's share of the output (static split over NR or MR units)
+    per_n = _ceil(_ceil(N, NR), T)
+    per_m = _ceil(_ceil(M, mr), T)
+    Nt = np.where(par_n, np.minimum(N, per_n * NR), N)
+    Mt = np.where(par_n, M, np.minimum(M, per_m * mr))
+    active = np.where(par_n, np.minimum(T, _ceil(N, NR)), np.minimum(T, _ceil(M, mr)))
+    nc_ = np.minimum(nc, np.maximum(Nt, 1))
+    # FLOPs: full tiles in the vector micro-kernel; edges padded (both packed) or scalar
+    m_full, m_pad = _split(Mt, mc_, mr)
+    n_full, n_pad = _split(Nt, nc_, NR)
+    both = (pa == 1) & (pb == 1)
+    vec_flops = 2.0 * K * np.where(both, m_pad * n_pad, m_full * n_full)
+    scalar_flops = np.where(both, 0.0, 2.0 * K * (Mt * Nt - m_full * n_full))
+    share_useful = 2.0 * K * Mt * Nt  # what the slowest thread must compute at least
+    rate_lb = c.rate_bound(vec)
+    compute_lb = np.where(both, vec_flops, share_useful) / rate_lb
+    ilp = np.minimum(1.0, mr * nv / FMA_CHAINS)
+    scalar_rate = c.rate_est(1)
+    compute_pred = vec_flops / (c.rate_est(vec) * ilp) + scalar_flops / scalar_rate
+    # traffic per level (the slowest thread's, at the bandwidth its team shares)
+    foot = F32 * (M * K + K * N + M * N + N)
+    home = np.broadcast_to(c.home(foot, active), (n,)) if not m.cold else np.full(n, LEVELS.index("DRAM"))
+    traffic: dict[str, np.ndarray] = {}
+    a_reads_home = _ceil(Nt, nc_) * Mt * K * float(F32)
+    b_reads_home = 1.0 * K * Nt * F32
+    _add(traffic, home, a_reads_home + b_reads_home + 2.0 * Mt * Nt * F32)
+    b_block = kc_ * nc_ * F32
+    a_block = mc_ * kc_ * F32
+    lvl_b = c.home(b_block, 1, per_thread=True)
+    lvl_a = c.home(a_block, 1, per_thread=True)
+    # ji: the A block is re-streamed per NR panel, the B micro-panel stays in L1 across row tiles;
+    # ij: the B block is re-streamed per MR panel, the A micro-panel stays in L1
+    b_stream = np.where(ji, _ceil(Mt, mc_), _ceil(Mt, mr)) * 1.0 * K * Nt * F32
+    a_stream = np.where(ji, _ceil(Nt, NR), _ceil(Nt, nc_)) * 1.0 * Mt * K * F32
+    _add(traffic, lvl_b, b_stream)
+    _add(traffic, lvl_a, a_stream)
+    c_passes = 2.0 * _ceil(K, kc_) - 1
+    lvl_c = c.home(Mt * nc_ * F32, 1, per_thread=True)
+    _add(traffic, lvl_c, c_passes * Mt * Nt * F32)
+    # micro-kernel loads: per k step nv vectors of B and mr broadcasts of A, each one load
+    tiles_k = vec_flops / (2.0 * mr * NR)
+    _add(traffic, 0, tiles_k * (nv + mr) * vec * F32)
+    # capacity: register tile, both micro-panels in L1, A block + B panel in L2, B blocks of every thread in L3
+    fits = np.ones(n, dtype=bool)
+    reason = np.full(n, "", dtype=object)
+    fits = _check(fits, reason, mr * nv + nv + 1 <= m.vregs, "register tile exceeds the vector registers")
+    if "L1" in c.cache:
+        fits = _check(fits, reason, kc_ * (mr + NR) * F32 <= c.per_thread("L1", T),
+                      "A and B micro-panels exceed L1")
+    if "L2" in c.cache:
+        fits = _check(fits, reason, (mc_ * kc_ + kc_ * NR) * F32 <= c.per_thread("L2", T),
+                      "A block and B micro-panel exceed L2")
+    if "L3" in c.cache:
+        fits = _check(fits, reason, active * (kc_ * nc_ + mc_ * kc_) * F32 <= c.capacity("L3", T),
+                      "the threads' B and A blocks exceed L3")
+    extra = {"imbalance": (Mt * Nt * active) / float(M * N), "scalar_frac": scalar_flops / np.maximum(
+        vec_flops + scalar_flops, 1.0), "pad_frac": vec_flops / np.maximum(share_useful, 1.0), "ilp": ilp,
+        "lanes_frac": vec / float(max(8, max(c.rate_bits) // 32))}
+    return _finish(m, n, flops=vec_flops + scalar_flops, threads=T, active=active,
+                   compute_lb=compute_lb, compute_pred=compute_pred, traffic=traffic, compulsory=foot, fits=fits,
+                   reason=reason, extra=extra)
+
+
+def _gemv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
+    c = m.ceil
+    N, K = m.dims
+    vec, jb, ks = (np.asarray(k[x], dtype=np.int64) for x in ("vec", "jb", "ksplit"))
+    T = np.asarray(k["threads"], dtype=np.int64)
+    packed = _codes(k["w_layout"], "packed")
+    n = len(vec)
+    jbv = jb * vec
+    nblk = N // jbv
+    tail = N - nblk * jbv
+    per = _ceil(nblk, T)
+    active = np.maximum(1, np.minimum(T, nblk))
+    vec_flops = 2.0 * K * jbv * per  # the slowest thread's blocks
+    tail_flops = 2.0 * K * tail  # after the parallel loop, on one thread, scalar
+    rate_lb = c.rate_bound(vec)
+    compute_lb = vec_flops / rate_lb
+    ilp = np.minimum(1.0, jb * ks / FMA_CHAINS)
+    compute_pred = vec_flops / (c.rate_est(vec) * ilp)
+    foot = F32 * (N * K + K + 2 * N)
+    home = np.broadcast_to(c.home(foot, active), (n,)) if not m.cold else np.full(n, LEVELS.index("DRAM"))
+    traffic: dict[str, np.ndarray] = {}
+    w_share = F32 * 1.0 * K * jbv * per
+    _add(traffic, home, w_share + F32 * (K + 2.0 * jbv * per))
+    # row layout: each row of a block is jbv floats at a stride of N; a line shared with the
+    # next block is fetched again from L2 when K lines do not stay in L1 meanwhile
+    used = np.minimum(1.0, jbv * F32 / LINE_BYTES)
+    refetch = np.where(packed, 0.0, (1.0 / used - 1.0)) * w_share
+    if "L1" in c.cache:
+        refetch = np.where(K * LINE_BYTES > c.per_thread("L1", T), refetch, 0.0)
+    _add(traffic, np.minimum(home, 1), refetch)
+    _add(traffic, 0, F32 * 1.0 * K * per * (1 + jb) * vec)  # x broadcasts and W vector loads
+    # the tail columns: one thread, scalar, one cache line per element read
+    tail_s = tail_flops / c.rate_est(1) + tail * K * LINE_BYTES / c.bandwidth_at(home, 1)
+    extra = {"imbalance": jbv * per * active / float(N), "tail_frac": tail / float(N), "ilp": ilp,
+             "packed": packed.astype(float)}
+    return _finish(m, n, flops=vec_flops + tail_flops, threads=T, active=active,
+                   compute_lb=compute_lb + tail_flops / c.rate_bound(1),
+                   compute_pred=compute_pred, traffic=traffic, compulsory=foot, serial_s=tail_s, extra=extra)
+
+
+_ROW_SWEEPS = {"softmax": (2, 2, 1), "eltwise": (1, 1, 0)}  # reads of x, writes of y, re-reads of y per element
+
+
+def _rowwise(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
+    c = m.ceil
+    R, C = m.dims
+    vec = np.asarray(k["vec"], dtype=np.int64)
+    T = np.asarray(k["threads"], dtype=np.int64)
+    n = len(vec)
+    rows_t = _ceil(R, T)
+    active = np.minimum(T, R)
+    per_elem = m.useful / float(R * C)
+    body = C // vec * vec
+    vec_flops = per_elem * rows_t * body
+    scalar_flops = per_elem * rows_t * (C - body)
+    compute_lb = per_elem * rows_t * C / c.rate_bound(vec)
+    compute_pred = np.where(vec > 1, vec_flops / c.rate_est(vec), 0.0) + \
+        np.where(vec > 1, scalar_flops, vec_flops + scalar_flops) / c.rate_est(1)
+    if m.op == "layernorm":
+        x_reads, y_writes, y_reads = np.where(np.asarray(k["passes"]) == 1, 2, 3), 1, 0
+    else:
+        x_reads, y_writes, y_reads = _ROW_SWEEPS["softmax" if m.op == "softmax" else "eltwise"]
+    params = {"layernorm": 2 * C, "eltwise": C + (R * C if "add" in m.epilogue.split("_") else 0)}.get(m.op, 0)
+    foot = F32 * (2.0 * R * C + params)
+    home = np.broadcast_to(c.home(foot, active), (n,)) if not m.cold else np.full(n, LEVELS.index("DRAM"))
+    traffic: dict[str, np.ndarray] = {}
+    row_bytes = F32 * 1.0 * rows_t * C
+    _add(traffic, home, 2.0 * row_bytes + F32 * params * rows_t / max(R, 1))
+    # later sweeps over a row find it in L1 when x and y of one row fit there
+    again = (np.asarray(x_reads) - 1 + np.asarray(y_writes) - 1 + np.asarray(y_reads)) * row_bytes
+    lvl_row = c.home(2.0 * F32 * C, T, per_thread=True)
+    _add(traffic, lvl_row, again)
+    extra = {"tail_frac": (C - body) / float(C), "imbalance": rows_t * active / float(R)}
+    return _finish(m, n, flops=vec_flops + scalar_flops, threads=T, active=active,
+                   compute_lb=compute_lb, compute_pred=compute_pred, traffic=traffic, compulsory=foot, extra=extra)
+
+
+_MODELS = {"gemm": _gemm, "gemv": _gemv, "softmax": _rowwise, "layernorm": _rowwise, "eltwise": _rowwise}

@@ -1,0 +1,216 @@
+"""The L0 funnel: restrictions -> capacity -> roofline bound -> cost-model top-k -> measured.
+
+Every stage is counted. ``Funnel.screen(space)`` does the static part once,
+before anything is measured: it finds the valid points (restrictions), drops
+those whose working set does not fit on chip (capacity), orders the rest by
+the analytic model's predicted latency and keeps the top k as the space the
+measured search may draw from (a ``Subspace``, so every strategy works on it
+unchanged). The dynamic part runs inside the tuning loop: ``Screen.admit`` is
+asked about each proposal before it is measured and refuses one whose lower
+bound is already slower than the best measured so far (the roofline stage).
+``Screen.stages`` reports the counts, from the whole space down to what was
+measured; the roofline count is taken against the final incumbent.
+
+A task without an analytic model (``lower_bound`` and ``evaluate``) still has a
+funnel: space -> restrictions -> measured.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..outcome import Outcome
+from ..space import Candidate, Space
+from .columns import index_columns, ravel, valid_points
+
+DEFAULT_TOP_K = 0.1
+
+
+class Subspace(Space):
+    """The points ``members`` (mixed-radix integers of ``parent``) of a space, in that order.
+
+    Fingerprints are the parent's (same knobs, same canonical form), so a
+    measurement of a point means the same in both. Enumeration follows
+    ``members`` (the funnel passes them best predicted first)."""
+
+    def __init__(self, parent: Space, members: Sequence[int], why: str = "outside the funnel's top-k"):
+        super().__init__(parent.knobs, parent.describe()["restrictions"], parent.constants, parent.canon)
+        self.parent = parent
+        self._order = [int(m) for m in members]
+        self._members = frozenset(self._order)
+        self._valid = list(self._order)
+        self._why = why
+
+    def is_valid_index(self, idx: Sequence[int]) -> bool:
+        return self.to_int(idx) in self._members
+
+    def enumerate(self):
+        for n in self._order:
+            yield self.candidate(self.from_int(n))
+
+    def valid_ints(self, limit: int = 5_000_000) -> list[int]:
+        return self._valid
+
+    def violations(self, config: Mapping[str, Any]) -> list[str]:
+        out = self.parent.violations(config)
+        if out:
+            return out
+        try:
+            n = self.to_int(tuple(k.index(config[k.name]) for k in self.knobs))
+        except (KeyError, ValueError):
+            return ["not a configuration of this space"]
+        return [] if n in self._members else [self._why]
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.parent.describe(), "subspace": len(self._order)}
+
+
+@dataclass
+class Screen:
+    """What the funnel kept of a space, and the counts it needs to report.
+
+    ``space``: the subspace to search (the parent space when nothing was cut).
+    ``counts``: stage -> points left after it, for the static stages.
+    ``bounds``: lower bound (s) per kept fingerprint; ``fit_bounds``: the lower
+    bounds of every point that passed capacity (for the roofline count).
+    """
+
+    space: Space
+    counts: dict[str, int]
+    model: Any = None
+    bounds: dict[str, float] = field(default_factory=dict)
+    fit_bounds: np.ndarray | None = None
+    kept_bounds: np.ndarray | None = None
+    margin: float = 0.0
+    pruned: int = 0
+    seconds: float = 0.0
+
+    def bound(self, c: Candidate) -> float | None:
+        b = self.bounds.get(c.fingerprint)
+        if b is None and self.model is not None:
+            b = self.model.lower_bound([c])[0]
+            self.bounds[c.fingerprint] = b
+        return b
+
+    def admit(self, c: Candidate, best: float | None) -> str | None:
+        """Why ``c`` must not be measured (its bound is slower than ``best``), or None."""
+        if best is None or self.model is None:
+            return None
+        b = self.bound(c)
+        if b is not None and b > best * (1.0 + self.margin):
+            self.pruned += 1
+            return f"roofline: its lower bound {b:.4g} s is slower than the best measured {best:.4g} s"
+        return None
+
+    def stages(self, measured: int, best: float | None) -> list[dict[str, Any]]:
+        """``[{"stage", "count"}, ...]`` from the whole space down to what was measured."""
+        out = [{"stage": name, "count": int(n)} for name, n in self.counts.items()]
+        if self.model is not None and "capacity" in self.counts:
+            lim = math.inf if best is None else best * (1.0 + self.margin)
+            fit = int(np.sum(self.fit_bounds <= lim)) if self.fit_bounds is not None else self.counts["capacity"]
+            kept = int(np.sum(self.kept_bounds <= lim)) if self.kept_bounds is not None else self.counts["top-k"]
+            out = [o for o in out if o["stage"] != "top-k"]
+            out += [{"stage": "roofline", "count": fit}, {"stage": "top-k", "count": min(kept, fit)}]
+        out.append({"stage": "measured", "count": int(measured)})
+        return out
+
+
+class Screened:
+    """``backend`` behind the roofline stage of ``screen``: a proposal whose lower
+    bound is slower than the best measured so far is refused (a ``rejected``
+    outcome, never measured, not an evaluation); everything else is measured by
+    ``backend``. ``best`` starts at the best of an interrupted run's outcomes."""
+
+    def __init__(self, backend, screen: Screen, best: float | None = None):
+        self.inner, self.screen, self.best = backend, screen, best
+        self.name, self.fingerprint = backend.name, backend.fingerprint
+
+    def describe(self) -> dict:
+        return self.inner.describe()
+
+    def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
+        out: list[Outcome | None] = [None] * len(candidates)
+        todo = []
+        for i, c in enumerate(candidates):
+            why = self.screen.admit(c, self.best)
+            if why:
+                out[i] = Outcome.rejected(why)
+            else:
+                todo.append(i)
+        for i, o in zip(todo, self.inner.measure([candidates[i] for i in todo]) if todo else []):
+            out[i] = o
+            if o.ok and (self.best is None or o.metric < self.best):
+                self.best = o.metric
+        return out  # type: ignore[return-value]
+
+
+def pruned_fraction(stages: Sequence[Mapping[str, Any]], start: str = "restrictions") -> float | None:
+    """Fraction of the points left after stage ``start`` that were not measured."""
+    by = {s["stage"]: s["count"] for s in stages}
+    if start not in by or not by[start]:
+        return None
+    return 1.0 - by.get("measured", 0) / by[start]
+
+
+@dataclass
+class Funnel:
+    """The static funnel of one task.
+
+    Parameters:
+        model: an analytic model with ``evaluate(columns) -> Estimate`` and
+            ``lower_bound`` (``costmodel.analytic.AnalyticModel``); None: only
+            restrictions are counted and nothing is cut.
+        top_k: how many capacity survivors the measured search may draw from:
+            a fraction (< 1) of them or a count (default 0.1).
+        min_k: keep at least this many (default 0; the driver passes four
+            times the evaluation budget, so a small space is not cut to less
+            than the search could measure).
+        margin: the roofline stage refuses a point whose bound exceeds the
+            incumbent by more than this fraction (default 0.1: the ceilings are
+            measured, the incumbent's time is noisy, and a wrong refusal costs
+            more than a wasted measurement).
+        limit: the largest cross product scored whole (default 2e7 points).
+    """
+
+    model: Any = None
+    top_k: float = DEFAULT_TOP_K
+    min_k: int = 0
+    margin: float = 0.1
+    limit: int = 20_000_000
+
+    def __post_init__(self):
+        if self.top_k <= 0 or (self.top_k >= 1 and self.top_k != int(self.top_k)):
+            raise ValueError(f"funnel top_k must be a fraction in (0, 1) or a positive count, got {self.top_k}")
+        if self.margin < 0:
+            raise ValueError(f"funnel margin must be >= 0, got {self.margin}")
+
+    def k_of(self, n: int) -> int:
+        k = math.ceil(self.top_k * n) if self.top_k < 1 else int(self.top_k)
+        return min(n, max(k, self.min_k, 1)) if n else 0
+
+    def screen(self, space: Space) -> Screen:
+        import time
+
+        t0 = time.perf_counter()
+        if self.model is None and space.size > self.limit:
+            # nothing to cut without a model, and too many points to count the valid ones
+            return Screen(space, {"space": space.size}, seconds=time.perf_counter() - t0)
+        idx = valid_points(space, self.limit)
+        counts = {"space": space.size, "restrictions": len(idx)}
+        if self.model is None or not hasattr(self.model, "evaluate") or not len(idx):
+            return Screen(space, counts, seconds=time.perf_counter() - t0)
+        est = self.model.evaluate(index_columns(space, idx))
+        fit = np.flatnonzero(est.fits)
+        counts["capacity"] = len(fit)
+        order = fit[np.lexsort((np.arange(len(fit)), est.predicted_s[fit]))]  # stable: ties keep space order
+        keep = order[: self.k_of(len(fit))]
+        counts["top-k"] = len(keep)
+        ints = ravel(idx[keep], space)
+        sub = Subspace(space, ints.tolist())
+        bounds = {sub.candidate(sub.from_int(int(n))).fingerprint: float(b)
+                  for n, b in zip(ints, est.bound_s[keep])}
+        return Screen(sub, counts, self.model, bounds, est.bound_s[fit].copy(), est.bound_s[keep].copy(),
+                      self.margin, seconds=time.perf_counter() - t0)
