@@ -59,7 +59,8 @@ def tune(
                                       "Default: policy-mlp."),
     strategy: str = typer.Option("auto", "--strategy", "-s",
                                  help="Search strategy: auto, exhaustive, random, genetic, annealing, hillclimb, "
-                                      "proxy-topk. auto is exhaustive when the space fits the budget, else genetic."),
+                                      "proxy-topk, model. auto is exhaustive when the space fits the budget, else "
+                                      "model (model-guided evolution) for kernels with an analytic model, else genetic."),
     budget: int = typer.Option(64, "--budget", "-b", help="Unique evaluations per task (default 64)."),
     time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Wall seconds per task (default: none)."),
     seed: int = typer.Option(0, "--seed", help="Seeds the strategy; the same seed gives the same spec."),
@@ -74,6 +75,8 @@ def tune(
     strategy_option: list[str] = typer.Option([], "--strategy-option", help="Strategy setting key=value (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object summarising the run, nothing else."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; summary only."),
+    no_funnel: bool = typer.Option(False, "--no-funnel", help="Skip the L0 funnel (capacity, roofline bound, "
+                                                              "cost-model top-k): search the whole valid space."),
 ) -> None:
     """Search a workload's plan space, validate the finalists and write a tuning spec."""
     from .report import print_summary, summary_json
@@ -120,7 +123,7 @@ def tune(
         with progress:
             res = run_tune(wl, strategy=strategy, budget=b, seed=seed, keep=keep, out=out, records=records,
                            resume=resume, strategy_options=_typed(_pairs(strategy_option, "--strategy-option")),
-                           on_trial=on_trial, command=command)
+                           on_trial=on_trial, command=command, funnel=not no_funnel)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]: every recorded measurement is kept; run the same command with "
                           "--resume to continue")

@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 from . import __version__
 from .costmodel import break_even_runs, spearman
+from .costmodel.funnel import Funnel, Screened
+from .costmodel.learned import history
 from .outcome import Outcome
 from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, Walk, make_strategy, search, walk_finalists
 from .spec import Records, SCHEMA_VERSION, write_spec
@@ -30,6 +32,8 @@ class TaskResult:
     error: NoValidFinalist | None = None
     ranked: Ranked | None = None  # after re-measuring the finalists (the search's own when not re-measured)
     baselines: dict[str, Outcome] = field(default_factory=dict)
+    funnel: list[dict[str, Any]] = field(default_factory=list)  # L0 stage counts, whole space -> measured
+    bound: dict[str, Any] | None = None  # the analytic model's figures for the accepted plan
 
     @property
     def best_library(self) -> tuple[str, float] | None:
@@ -139,6 +143,10 @@ def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
     }
     if acc.peak_bytes is not None:
         d["peak_bytes"] = acc.peak_bytes
+    if tr.funnel:
+        d["funnel"] = tr.funnel
+    if tr.bound:
+        d["bound"] = tr.bound
     genome = getattr(t.backend, "genome", None)
     if genome is not None:  # a whole-graph plan: the program is what `planforge run` executes
         d["program"] = genome.program(acc.candidate.as_dict())
@@ -169,7 +177,8 @@ def build_spec(workload: Workload, tasks: list[TaskResult], budget: Budget) -> d
 def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(evals=64), seed: int = 0,
          keep: int = 4, out: str | os.PathLike | None = None, records: str | os.PathLike | None = None,
          resume: bool = False, strategy_options: dict[str, Any] | None = None,
-         on_trial: Callable[[Task, Trial], None] | None = None, command: str = "") -> TuneResult:
+         on_trial: Callable[[Task, Trial], None] | None = None, command: str = "", funnel: bool = True
+         ) -> TuneResult:
     """Tune every task of ``workload``; write ``out/spec.json`` when ``out`` is given.
 
     Parameters:
@@ -182,12 +191,17 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         resume: continue the latest interrupted run with the same workload and
             settings, taking every recorded outcome instead of measuring it.
         on_trial: called with each outcome as it arrives (progress display).
+        funnel: run the L0 funnel before the search (default True): a task
+            with an analytic model is searched among the capacity survivors'
+            predicted top-k only, and a proposal whose roofline bound is
+            slower than the best measured is never measured.
     """
     t0 = time.perf_counter()
     out_path = Path(out) if out is not None else None
     rec_path = Path(records) if records is not None else (out_path / "records.db" if out_path else Path("planforge-records.db"))
     config = {"strategy": strategy, "seed": seed, "budget": [budget.evals, budget.seconds], "keep": keep,
-              "options": strategy_options or {}, "targets": [t.backend.fingerprint for t in workload.tasks]}
+              "options": strategy_options or {}, "targets": [t.backend.fingerprint for t in workload.tasks],
+              **({} if funnel else {"funnel": False})}
     db = Records(rec_path)
     try:
         run_id, resumed = db.start_run(workload.name, workload.manifest.key, config, command, resume)
@@ -197,7 +211,7 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         try:
             for task in workload.tasks:
                 results.append(_tune_task(db, run_id, workload, task, strategy, budget, seed, keep,
-                                          strategy_options or {}, on_trial))
+                                          strategy_options or {}, on_trial, funnel))
         except KeyboardInterrupt:
             db.end_run(run_id, "interrupted")
             raise
@@ -218,11 +232,17 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
 
 
 def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strategy: str, budget: Budget,
-               seed: int, keep: int, options: dict[str, Any], on_trial) -> TaskResult:
+               seed: int, keep: int, options: dict[str, Any], on_trial, funnel: bool = True) -> TaskResult:
     if task.seeds:
         options = {**options, "initial": list(task.seeds)}
-    strat = make_strategy(strategy, task.space, seed, budget=budget.evals, cost_model=task.cost_model, **options)
+    screen = Funnel(task.cost_model if funnel else None, min_k=4 * (budget.evals or 16)).screen(task.space)
+    space = screen.space
+    strat = make_strategy(strategy, space, seed, budget=budget.evals, cost_model=task.cost_model, **options)
     cache = db.outcomes(run_id, task.key)
+    if hasattr(strat, "warm_start"):  # learned models start from this template's earlier runs on this device
+        strat.warm_start(history(db, task.backend.fingerprint, task.key, space.names, exclude_run=run_id))
+    done = [o.metric for o in cache.values() if o.ok]
+    backend = Screened(task.backend, screen, min(done) if done else None)
 
     def record(trial: Trial) -> None:
         if not trial.cached:
@@ -231,7 +251,7 @@ def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strateg
         if on_trial:
             on_trial(task, trial)
 
-    result = search(task.space, strat, task.backend, budget, keep=keep, cache=cache, on_trial=record)
+    result = search(space, strat, backend, budget, keep=keep, cache=cache, on_trial=record)
     rho = None
     if task.cost_model is not None:
         measured = [x for x in result.trials if x.outcome.ok]
@@ -252,4 +272,10 @@ def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strateg
         err = None
     except NoValidFinalist as e:
         walk, err = None, e
-    return TaskResult(task, result, walk, strat.describe(), rho, err, ranked, baselines)
+    best = result.ranked.best.metric if len(result.ranked) else None
+    bound = None
+    if walk is not None and hasattr(task.cost_model, "estimate"):
+        bound = task.cost_model.estimate([walk.accepted.candidate]).row(0)
+        bound["of_bound"] = walk.accepted.metric / bound["bound_s"] if bound["bound_s"] > 0 else None
+    return TaskResult(task, result, walk, strat.describe(), rho, err, ranked, baselines,
+                      screen.stages(result.evaluations, best), bound)

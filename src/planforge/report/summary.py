@@ -83,6 +83,9 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
                   f"{r.evaluations} evaluations, {r.duplicates} duplicate proposals; stopped: {r.stop_reason}")
         counts = ", ".join(f"{k} {v}" for k, v in sorted(r.counts.items()))
         con.print(f"  outcomes: {counts or 'none'}")
+        if tr.funnel:
+            con.print("  funnel: " + " -> ".join(f"{s['stage']} {s['count']:,}" for s in tr.funnel)
+                      + _pruned(tr.funnel))
         curve = best_so_far(tr)
         if curve:
             steps = ", ".join(f"#{n}: {fmt_time(m)}" for n, m in r.curve)
@@ -125,6 +128,21 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
                 con.print(f"  tuned / best library = {tr.ratio_vs_library:.3f}")
             if tr.fallback:
                 con.print(f"  [yellow]fallback to {tr.fallback['to']}[/]: {tr.fallback['reason']}")
+        if tr.bound:
+            b = tr.bound
+            ratio = f"; the accepted plan runs at {b['of_bound']:.2f}x its bound" if b.get("of_bound") else ""
+            con.print(f"  roofline: bound {fmt_time(b['bound_s'])}, {b['limiter']}-limited prediction "
+                      f"{fmt_time(b['predicted_s'])}{ratio}")
+        learned = tr.strategy.get("model", {}).get("heldout") if isinstance(tr.strategy.get("model"), dict) else None
+        if learned and learned.get("spearman") is not None:
+            rk = next((k for k in learned if k.startswith("top")), None)
+            con.print(f"  learned model ({tr.strategy['model']['name']}, {tr.strategy['model']['fits']} fits, "
+                      f"warm start {tr.strategy['model']['warm_start']}) on {learned['pairs']} held-out measurements: "
+                      f"Spearman {learned['spearman']:.2f}, Kendall {learned['kendall']:.2f}"
+                      + (f", {rk.replace('_', ' ')} {learned[rk]:.2f}" if rk and learned.get(rk) is not None else ""))
+            if learned["spearman"] < LOW_SPEARMAN:
+                con.print(f"  [yellow]warning: the learned model ranks poorly (Spearman {learned['spearman']:.2f} "
+                          f"< {LOW_SPEARMAN}); its picks are little better than random here[/]")
         if tr.task.cost_model is not None:
             rho = tr.proxy_spearman
             msg = f"  proxy ({tr.task.cost_model.name}) vs measured: Spearman {rho:.2f}" if rho is not None else \
@@ -152,7 +170,10 @@ def summary_json(res: TuneResult) -> dict[str, Any]:
             "ranked": [{"rank": i, "latency_s": e.metric, "plan": e.candidate.as_dict()}
                        for i, e in enumerate(r.ranked, start=1)],
             "proxy_spearman": tr.proxy_spearman,
+            "funnel": tr.funnel,
         }
+        if tr.bound:
+            d["bound"] = tr.bound
         if tr.baselines:
             lib = tr.best_library
             d["baselines"] = {n: o.metric for n, o in sorted(tr.baselines.items())}
@@ -175,7 +196,7 @@ def summary_json(res: TuneResult) -> dict[str, Any]:
     }
     if len(tasks) == 1:
         only = next(iter(tasks.values()))
-        for k in ("latency_s", "library_latency_s", "ratio_vs_library", "fallback"):
+        for k in ("latency_s", "library_latency_s", "ratio_vs_library", "fallback", "funnel"):
             if k in only:
                 out[k] = only[k]
     return out

@@ -8,6 +8,7 @@ the best library when the tuned kernel is not within 95% of it.
 from __future__ import annotations
 
 from ..backends.cpu import CpuBackend
+from ..costmodel.analytic import AnalyticModel
 from ..kernels.cpu import Problem, ProblemError, TEMPLATES, limits, make_inputs
 from .base import Manifest, Task, Workload
 
@@ -33,10 +34,14 @@ def kernel_workload(problem: Problem, seed: int = 0, profile=None) -> Workload:
         profile = get_profile(quick=os.environ.get("PLANFORGE_PROBE", "") == "quick")
     lim = limits(profile)
     template = TEMPLATES[problem.op]
+    space = template.space(problem, lim)
+    backend = CpuBackend(problem, template, profile, seed=seed)
     task = Task(
         key=f"{problem.op}_{'x'.join(map(str, problem.dims))}_{problem.epilogue}",
-        space=template.space(problem, lim),
-        backend=CpuBackend(problem, template, profile, seed=seed),
+        space=space,
+        backend=backend,
+        # the roofline model: the L0 funnel, the learned model's features, the proxy diagnostics
+        cost_model=AnalyticModel.for_problem(problem, space, profile, cold=backend.timing.flush_bytes > 0),
     )
     shapes = {k: list(v.shape) for k, v in make_inputs(problem, seed, shapes_only=True).items()}
     manifest = Manifest(problem.op, shapes=shapes, dtypes={k: "fp32" for k in shapes},
