@@ -107,7 +107,7 @@ class Genome:
                 knobs.append(Knob(name, tuple(range(len(self.configs[nid]))), "categorical"))
         if not knobs:  # a single possible plan: still a (one-point) space
             knobs.append(Knob("plan", ("only",), "gene"))
-        self.space = Space(knobs, canon=self.program_json)
+        self.space = Space(knobs, canon=self.program_json, active=self.active)
 
     # -- genome -> program ------------------------------------------------------
     def choice(self, config: Mapping[str, Any]) -> Choice:
@@ -120,6 +120,15 @@ class Genome:
             if len(ns) == 1:
                 ch[c] = ns[0]
         return repair(self.eg, ch, self.fallback)
+
+    def active(self, config: Mapping[str, Any]) -> set[str]:
+        """Genes that matter under ``config``: the classes its plan reaches, and their templates' knobs."""
+        ch = self.choice(config)
+        classes = set(reachable(self.eg, ch))
+        live = {name for name, c in self.genes.items() if c in classes}
+        live |= {name for name, nid in self.knob_of.items() if self.eg.node(nid).eclass in classes and ch.get(
+            self.eg.node(nid).eclass) == nid}
+        return live
 
     def knobs_for(self, nid: str, config: Mapping[str, Any]) -> dict[str, Any] | None:
         if nid not in self.configs:

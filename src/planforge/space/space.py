@@ -135,12 +135,17 @@ class Space:
             fingerprint; default the config itself. The graph level passes the
             extracted program here, so two genomes that extract the same program
             share a fingerprint.
+        active: maps a config to the names of the knobs that matter for it
+            (default: all). The graph level passes the genes of the e-classes
+            reachable under the current choices: mutating any other gene
+            cannot change the plan, so mutation and neighbours skip them.
     """
 
     knobs: Sequence[Knob]
     restrictions: Sequence[str] = ()
     constants: Mapping[str, Value] = field(default_factory=dict)
     canon: Callable[[dict[str, Value]], Any] | None = None
+    active: Callable[[dict[str, Value]], set[str]] | None = None
 
     def __post_init__(self):
         self.knobs = tuple(self.knobs)
@@ -292,9 +297,14 @@ class Space:
             raise SpaceError("the space has no valid point: its restrictions exclude everything")
         return self.candidate(self.from_int(valid[rng.randrange(len(valid))]))
 
+    def _movable(self, c: Candidate) -> list[int]:
+        live = None if self.active is None else self.active(c.as_dict())
+        return [i for i, r in enumerate(self._radix) if r > 1 and (live is None or self.knobs[i].name in live)]
+
     def mutate(self, c: Candidate, rng: random.Random, genes: int = 1, tries: int = 64) -> Candidate | None:
-        """``c`` with ``genes`` randomly chosen knobs set to other values; valid, or None if none found."""
-        movable = [i for i, r in enumerate(self._radix) if r > 1]
+        """``c`` with ``genes`` randomly chosen knobs (among those that matter) set to other values;
+        valid, or None if none found."""
+        movable = self._movable(c)
         if not movable:
             return None
         for _ in range(tries):
@@ -318,7 +328,10 @@ class Space:
         """Valid points one move away: the next value up or down for ordered
         knobs, any other value for unordered ones."""
         out = []
+        movable = set(self._movable(c))
         for i, k in enumerate(self.knobs):
+            if i not in movable:
+                continue
             if k.ordered:
                 steps = [j for j in (c.index[i] - 1, c.index[i] + 1) if 0 <= j < self._radix[i]]
             else:
