@@ -17,9 +17,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..ir import Graph
-from ..ir.graph import GELU_C0, GELU_C1, apply_op
+from ..ir.graph import apply_op
 from ..kernels.cpu import TEMPLATES, Problem
 from ..kernels.cpu import mlp as mlp_template
+from ..kernels.cpu.ops import numpy_gelu
 
 ALIGN = 16  # floats: 64-byte aligned slots
 U32 = 2.0**-24
@@ -65,18 +66,6 @@ def semantic(kind: str, attr: str, vals: Sequence[np.ndarray]) -> np.ndarray:
     return apply_op(kind, vals, {})
 
 
-def _gelu_inplace(x: np.ndarray, t: np.ndarray) -> None:
-    np.multiply(x, x, out=t)
-    np.multiply(t, x, out=t)
-    t *= GELU_C1
-    t += x
-    t *= GELU_C0
-    np.tanh(t, out=t)
-    t += 1.0
-    t *= x
-    np.multiply(t, 0.5, out=x)
-
-
 def lib_step(kind: str, attr: str, ins: list[np.ndarray], out: np.ndarray) -> Callable[[], None]:
     """A numpy implementation writing into ``out`` (no allocation where numpy allows)."""
     a = ins[0]
@@ -116,7 +105,7 @@ def lib_step(kind: str, attr: str, ins: list[np.ndarray], out: np.ndarray) -> Ca
             if attr == "relu":
                 np.maximum(out, 0, out=out)
             elif attr == "gelu:tanh":
-                _gelu_inplace(out, t)
+                numpy_gelu(out, t)
 
         return run
     if kind == "gelu":
@@ -125,7 +114,7 @@ def lib_step(kind: str, attr: str, ins: list[np.ndarray], out: np.ndarray) -> Ca
 
             def run():
                 np.copyto(out, a)
-                _gelu_inplace(out, t)
+                numpy_gelu(out, t)
 
             return run
         from scipy.special import erf

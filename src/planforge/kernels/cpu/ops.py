@@ -236,7 +236,7 @@ def _numpy_impl(p: Problem, inp: dict[str, np.ndarray], out: np.ndarray) -> Call
             if epi == "bias_relu":
                 np.maximum(out, 0, out=out)
             elif epi == "bias_gelu":
-                _numpy_gelu(out, tmp)
+                numpy_gelu(out, tmp)
 
         return run
     x = inp["x"]
@@ -279,14 +279,15 @@ def _numpy_impl(p: Problem, inp: dict[str, np.ndarray], out: np.ndarray) -> Call
             elif step == "relu":
                 np.maximum(out, 0, out=out)
             elif step == "gelu":
-                _numpy_gelu(out, tmp)
+                numpy_gelu(out, tmp)
             elif step == "add":
                 np.add(out, inp["res"], out=out)
 
     return run
 
 
-def _numpy_gelu(x: np.ndarray, t: np.ndarray) -> None:
+def numpy_gelu(x: np.ndarray, t: np.ndarray) -> None:
+    """GELU (tanh form) of ``x`` in place, with ``t`` as scratch: no temporaries."""
     np.multiply(x, x, out=t)
     np.multiply(t, x, out=t)
     t *= GELU_C1
