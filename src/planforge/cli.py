@@ -299,6 +299,202 @@ def run_spec(
 
 
 
+@app.command()
+def replay(
+    files: list[Path] = typer.Argument(..., help="Recorded spaces: Kernel Tuner cache files or T4 files (gzipped or not)."),
+    strategy: str = typer.Option("auto", "--strategy", "-s",
+                                 help="Strategies to compare, comma-separated (e.g. auto,bandit,tpe); random sampling "
+                                      "without replacement is always added as the baseline."),
+    budget: int = typer.Option(1000, "--budget", "-b", help="Unique evaluations per run (default 1000)."),
+    seeds: int = typer.Option(50, "--seeds", help="Runs per strategy and space, seeds 0..S-1 (default 50)."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Worker processes (default 1)."),
+    t1: Optional[Path] = typer.Option(None, "--t1", help="T1 file of the kernel (parameters, restrictions) for every "
+                                                          "FILE; default: found beside each file as the benchmark hub "
+                                                          "lays it out."),
+    no_t1: bool = typer.Option(False, "--no-t1", help="Read the recordings alone, without T1 files."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Save mean best-so-far curves (a PNG per space) here."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every score, nothing else."),
+) -> None:
+    """Replay search strategies on recorded spaces and score them.
+
+    For each space and strategy: the median and 90th percentile over seeds of the
+    unique evaluations needed to get within 5% of the space's optimum (a run that
+    never gets there counts budget + 1), the fraction of runs that got there, and
+    the mean best-so-far curve (best / optimum after n evaluations)."""
+    from .backends.formats import FormatError
+    from .report.summary import sparkline
+    from .search import STRATEGIES
+    from .search.benchmark import benchmark, results_json
+
+    names = [s.strip() for s in strategy.split(",") if s.strip()]
+    unknown = [s for s in names if s != "auto" and s not in STRATEGIES]
+    if not names or unknown:
+        _fail(f"unknown strategy {', '.join(map(repr, unknown)) or repr(strategy)}; choose from: auto, "
+              f"{', '.join(s for s in STRATEGIES if s != 'proxy-topk')}")
+    if "proxy-topk" in names:
+        _fail("proxy-topk needs a cost model, which a recorded space does not have")
+    if budget < 1 or seeds < 1 or jobs < 1:
+        _fail(f"--budget, --seeds and --jobs must be at least 1 (got {budget}, {seeds}, {jobs})")
+    from .backends.replay import load_replay
+
+    replays = []
+    try:
+        for f in files:
+            replays.append(load_replay(f, False if no_t1 else (t1 if t1 is not None else True)))
+    except FormatError as e:
+        _fail(str(e))
+    if not as_json:
+        for r in replays:
+            for note in r.recording.notes:
+                err_console.print(f"[yellow]note:[/] {r.label}: {note}", highlight=False)
+    progress = Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeRemainingColumn(), console=err_console, disable=as_json, transient=True)
+    with progress:
+        bar = progress.add_task("runs", total=None)
+        results = benchmark(replays, names, range(seeds), budget, jobs=jobs,
+                            on_run=lambda done, total: progress.update(bar, completed=done, total=total))
+    if plot is not None:
+        try:
+            _plot_replay(results, budget, plot)
+        except ImportError as e:
+            _fail(str(e))
+    if as_json:
+        print(json.dumps(results_json(results, budget, seeds), indent=1, default=str))
+        return
+    marks = [n for n in (1, 10, 100, 1000, 10_000) if n < budget] + [budget]
+    for sr in results:
+        r = sr.replay
+        table = Table(title=f"{r.label}: {len(r.space.valid_ints())} configurations, optimum "
+                            f"{r.optimum * 1e3:.4g} ms; {budget} evaluations x {seeds} seeds", title_justify="left")
+        for col in ("strategy", "median", "p90", "success", *(f"best@{n}" for n in marks), "curve"):
+            table.add_column(col, justify="left" if col in ("strategy", "curve") else "right")
+        for name, sc in sorted(sr.scores.items(), key=lambda kv: (kv[1].median, kv[1].p90)):
+            pts = [sc.curve_at(n) for n in sorted({max(1, round(budget ** (i / 15))) for i in range(16)})]
+            table.add_row(name, f"{sc.median:g}", f"{sc.p90:g}", f"{sc.success_rate:.0%}",
+                          *(f"{sc.curve_at(n):.3f}" for n in marks),
+                          sparkline([p for p in pts if p == p]))
+        for name, why in sr.errors.items():
+            table.add_row(name, "not run", why, *([""] * (len(marks) + 2)))
+        out_console.print(table)
+    out_console.print(f"median, p90: unique evaluations to within 5% of the optimum (a run that never got there "
+                      f"counts {budget + 1}); success: runs that got there; best@n: mean best-so-far / optimum after "
+                      "n evaluations", highlight=False)
+    if plot is not None:
+        out_console.print(f"curves: {plot}", highlight=False)
+
+
+def _plot_replay(results, budget: int, folder: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'planforge[report]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for sr in results:
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=90)
+        for name, sc in sr.scores.items():
+            ax.plot(np.arange(1, budget + 1), sc.curve, lw=2 if name == "auto" else 1, label=name)
+        ax.axhline(1.05, color="grey", lw=0.6, ls="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("unique evaluations")
+        ax.set_ylabel("mean best-so-far / optimum")
+        ax.set_title(sr.replay.label)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(folder / f"replay_{sr.replay.label.replace('/', '_')}.png")
+        plt.close(fig)
+
+
+records_app = typer.Typer(no_args_is_help=True, help="Work with the records database of measurements.")
+app.add_typer(records_app, name="records")
+
+
+@records_app.command("export")
+def records_export(
+    db: Path = typer.Argument(..., help="A records database (e.g. OUT/records.db)."),
+    fmt: str = typer.Option(..., "--format", "-f", help="t4 or kernel_tuner."),
+    out: Path = typer.Option(..., "--out", "-o", help="File to write (gzipped when it ends in .gz)."),
+    task: Optional[str] = typer.Option(None, "--task", help="Task to export (needed when the database has several)."),
+    target: Optional[str] = typer.Option(None, "--target", help="Target fingerprint (needed when there are several)."),
+    run: Optional[str] = typer.Option(None, "--run", help="Only the measurements of this run id."),
+) -> None:
+    """Export one task's measurements on one target as a T4 file or a Kernel Tuner cache file."""
+    from .spec.export import ExportError, export_records
+
+    try:
+        e = export_records(db, fmt, out, task=task, target=target, run_id=run)
+    except (ExportError, OSError) as err:
+        _fail(str(err))
+    out_console.print(f"wrote {e.rows} configurations of task {e.task} on {e.target} to {e.path} ({e.format})",
+                      highlight=False)
+
+
+@app.command("report")
+def report(
+    folder: Path = typer.Argument(..., help="Output folder of a `planforge tune` run (holds run.json)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write (default FOLDER/report.html)."),
+    summary: bool = typer.Option(True, "--summary/--no-summary", help="Also print the terminal summary (default on)."),
+) -> None:
+    """Render a run's HTML report (plots embedded, nothing fetched) and print its summary."""
+    from .report.html import write_report
+    from .report.run import RunError, load_run, print_run_summary
+
+    try:
+        path = write_report(folder, out)
+        run = load_run(folder)
+    except (RunError, OSError) as e:
+        _fail(str(e), 1)
+    if summary:
+        print_run_summary(run, out_console)
+    out_console.print(f"report: [bold]{path}[/]", highlight=False)
+
+
+@spec_app.command("diff")
+def spec_diff(
+    a: Path = typer.Argument(..., help="The old spec."),
+    b: Path = typer.Argument(..., help="The new spec."),
+    as_json: bool = typer.Option(False, "--json", help="Print the changes as a JSON list."),
+) -> None:
+    """What changed from spec A to spec B (plans, knobs, latencies); exit 0 when equal, 1 when not, 2 on error."""
+    from .spec import SpecError, load_spec
+    from .spec.diff import diff_specs
+
+    try:
+        changes = diff_specs(load_spec(a), load_spec(b))
+    except SpecError as e:
+        _fail(str(e), 2)
+    if as_json:
+        print(json.dumps([c.to_json() for c in changes], indent=2, sort_keys=True, default=str))
+    elif not changes:
+        out_console.print(f"no differences between {a} and {b}", highlight=False)
+    else:
+        out_console.print(f"--- {a}\n+++ {b}\n{len(changes)} change(s):", highlight=False)
+        for c in changes:
+            out_console.print("  " + c.describe(), highlight=False, markup=False)
+    if changes:
+        raise typer.Exit(1)
+
+
+@records_app.command("merge")
+def records_merge(
+    inputs: list[Path] = typer.Argument(..., help="Records databases to merge."),
+    out: Path = typer.Option(..., "--out", "-o", help="Database to merge into (created if missing)."),
+) -> None:
+    """Merge records databases from separate runs: every run and measurement once, however often merged."""
+    from .spec import RecordsError
+    from .spec.records import merge_records
+
+    try:
+        added = merge_records(inputs, out)
+    except (RecordsError, OSError) as e:
+        _fail(str(e))
+    out_console.print(f"merged {len(inputs)} database(s) into {out}: {added['runs']} new runs, "
+                      f"{added['measurements']} new measurements ({added['total']} in all)", highlight=False)
+
+
 def main() -> None:
     app()
 

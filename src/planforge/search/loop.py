@@ -57,7 +57,7 @@ class SearchResult:
 
 def search(space: Space, strategy: Strategy, backend, budget: Budget, keep: int = 4,
            cache: Mapping[str, Outcome] | None = None, on_trial: Callable[[Trial], None] | None = None,
-           batch: int = 1, max_idle: int = 10_000) -> SearchResult:
+           batch: int = 1, max_idle: int = 10_000, target: float | None = None) -> SearchResult:
     """Run ``strategy`` against ``backend`` until the budget is spent or the strategy stops.
 
     Parameters:
@@ -70,6 +70,9 @@ def search(space: Space, strategy: Strategy, backend, budget: Budget, keep: int 
         max_idle: stop after this many consecutive proposals that give no new
             evaluation (duplicates or rejections), a guard against a strategy
             that cannot make progress.
+        target: stop as soon as a measured metric is at or below it (default
+            None: never). Replay benchmarks pass the known optimum, after
+            which nothing the search could still find would change its result.
     """
     cache = cache or {}
     t0 = time.perf_counter()
@@ -136,7 +139,9 @@ def search(space: Space, strategy: Strategy, backend, budget: Budget, keep: int 
                     curve.append((n, o.metric))
             told.append((c, o))
         strategy.tell(told)
-        if idle >= max_idle:
+        if target is not None and curve and curve[-1][1] <= target:
+            stop = "reached the target metric"
+        elif idle >= max_idle:
             stop = f"{idle} consecutive proposals gave no new evaluation"
     return SearchResult(trials, ranked, curve, stop, evals, dups + strategy.total_duplicates,
                         time.perf_counter() - t0, counts)

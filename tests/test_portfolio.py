@@ -1,0 +1,122 @@
+"""Scoring helpers, the AUC bandit's credit assignment and the search portfolio."""
+import math
+import random
+
+import pytest
+
+from planforge.backends import TableBackend
+from planforge.search import STRATEGIES, Budget, make_strategy, search
+from planforge.search.portfolio import AUCBandit, Portfolio
+from planforge.search.scoring import best_so_far, evals_to_within, score
+from planforge.search.strategies import Strategy
+from planforge.space import Space, int_range
+
+
+def test_evals_to_within_and_scores():
+    assert evals_to_within([None, 3.0, 1.06, 1.04], 1.0) == 4
+    assert evals_to_within([2.0, 1.05], 1.0) == 2  # exactly 5% counts
+    assert evals_to_within([2.0, None], 1.0) is None
+    s = score([[1.0], [2.0, 1.5, 1.0], [3.0, 2.0]], optimum=1.0, budget=3)
+    assert s.evals == [1, 3, 4]  # the run that never got there counts budget + 1
+    assert s.median == 3 and s.success_rate == pytest.approx(2 / 3)
+    assert s.p90 == pytest.approx(3.8)
+    # the curve carries a run's last best to the end; NaN only before any valid measurement
+    assert list(best_so_far([None, 2.0, 3.0], 5)[1:]) == [2.0, 2.0, 2.0, 2.0]
+    assert math.isnan(best_so_far([None, 2.0], 3)[0])
+    assert list(s.curve) == pytest.approx([(1 + 2 + 3) / 3, (1 + 1.5 + 2) / 3, (1 + 1 + 2) / 3])
+
+
+def auc_slow(history, key):
+    """OpenTuner's definition, computed from scratch over the window."""
+    pos = score_ = 0
+    for k, hit in history:
+        if k == key:
+            pos += 1
+            score_ += pos if hit else 0
+    return score_ * 2.0 / (pos * (pos + 1.0)) if pos else 0.0
+
+
+def test_auc_bandit_matches_its_definition_over_a_sliding_window():
+    rng = random.Random(0)
+    b = AUCBandit(["a", "b", "c"], c=0.05, window=20)
+    for _ in range(300):
+        key = rng.choice("abc")
+        b.credit(key, rng.random() < {"a": 0.6, "b": 0.2, "c": 0.0}[key])
+        assert len(b.history) <= 20
+        for k in "abc":
+            assert b.exploitation(k) == pytest.approx(auc_slow(b.history, k))
+            assert b.uses[k] == sum(1 for x, _ in b.history if x == k)
+
+
+def test_bandit_credit_favours_recent_improvement():
+    b = AUCBandit(["old", "new"], c=0.0, window=100)
+    for i in range(10):
+        b.credit("old", i < 3)  # improved early, then stopped improving
+        b.credit("new", i >= 7)  # improves now
+    assert b.exploitation("new") > b.exploitation("old")
+    assert b.order(random.Random(1))[0] == "new"
+    unused = AUCBandit(["x", "y"])
+    unused.credit("x", True)
+    assert unused.score("y") == math.inf  # an arm never tried is tried next
+
+
+class Descender(Strategy):
+    """Walks the fast half of the line towards the fastest point: every proposal is a new best."""
+
+    name = "descender"
+
+    def __init__(self, space, seed=0, **kw):
+        super().__init__(space, seed, **kw)
+        self.order = sorted((c for c in space.enumerate() if c["x"] >= 200), key=lambda c: c["x"])
+
+    def ask(self, n=1):
+        out = []
+        while len(out) < n and self.order and not self.done:
+            self._offer(self.order.pop(0), out)
+        if not self.order:
+            self._stop("line walked")
+        return out
+
+
+class Climber(Descender):
+    """Walks the slow half of the line away from the fast one: never a new best after its first step."""
+
+    name = "climber"
+
+    def __init__(self, space, seed=0, **kw):
+        super().__init__(space, seed, **kw)
+        self.order = sorted((c for c in space.enumerate() if c["x"] < 200), key=lambda c: -c["x"])
+
+
+def test_portfolio_gives_its_proposals_to_the_arm_that_improves(monkeypatch):
+    monkeypatch.setitem(STRATEGIES, "descender", Descender)
+    monkeypatch.setitem(STRATEGIES, "climber", Climber)
+    space = Space([int_range("x", 0, 399)])
+    table = {c.fingerprint: 1e-6 * (1 + (399 - c["x"]) / 10) for c in space.enumerate()}  # fastest at x = 399
+    # the descender improves at every step; the climber walks away from the fast end
+    p = make_strategy("bandit", space, 0, arms=["climber", "descender"], c=0.05, window=500)
+    search(space, p, TableBackend(table), Budget(evals=120))
+    assert p.uses["descender"] > 5 * p.uses["climber"], p.uses
+    assert p.bandit.exploitation("descender") > p.bandit.exploitation("climber")
+
+
+def test_portfolio_arms_share_results_and_duplicates_are_not_paid_twice():
+    space = Space([int_range("a", 0, 9), int_range("b", 0, 9)])
+    table = {c.fingerprint: 1e-6 * (1 + (c["a"] - 3) ** 2 + (c["b"] - 7) ** 2) for c in space.enumerate()}
+    p = Portfolio(space, 4)
+    res = search(space, p, TableBackend(table), Budget(evals=100))
+    fps = [t.candidate.fingerprint for t in res.trials]
+    assert len(fps) == len(set(fps)) == res.evaluations
+    assert res.ranked.best.metric == min(table.values())
+    for arm in p.arms.values():  # every arm saw every result
+        assert set(p.results) <= arm.proposed
+    assert sum(p.uses.values()) >= res.evaluations
+    assert p.describe()["arms"] == ["genetic", "annealing", "hillclimb"]
+
+
+def test_portfolio_rejects_bad_arms():
+    space = Space([int_range("a", 0, 3)])
+    for arms, msg in [(["nope"], "unknown or unusable: nope"), ([], "at least one arm"),
+                      (["genetic", "genetic"], "arms repeat"), (["bandit"], "unusable: bandit")]:
+        with pytest.raises(ValueError, match=msg):
+            Portfolio(space, 0, arms=arms)
