@@ -126,6 +126,15 @@ def test_memory_bound_gemv_cold_caches_come_from_dram():
     assert hot.estimate([c]).row(0)["limiter"] == "L3"
 
 
+def test_gemv_row_layout_past_a_page_streams_slower_than_packed():
+    m, space = model_for("gemv", (2048, 1024))
+    knobs = {"vec": 16, "jb": 2, "ksplit": 2, "unroll": 1, "threads": 1}
+    row, packed = (space.make({**knobs, "w_layout": w}) for w in ("row", "packed"))
+    e = m.estimate([row, packed])
+    assert e.row(0)["bytes"]["DRAM"] > 0 and e.row(1)["bytes"]["DRAM"] == 0  # W (8 MiB) sits in L3
+    assert e.predicted_s[0] > 2 * e.predicted_s[1] and e.bound_s[0] == e.bound_s[1]  # the bound assumes nothing
+
+
 def test_model_on_a_profile_needs_its_ceilings(profile):
     p = Problem("softmax", (4, 32))
     from planforge.kernels.cpu import limits

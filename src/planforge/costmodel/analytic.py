@@ -21,7 +21,8 @@ scores a space of hundreds of thousands of points at once; ``predict`` and
 ``lower_bound`` take candidates, as every ``CostModel`` does.
 
 Assumptions (not device ceilings, and named here so they can be checked):
-``LINE_BYTES`` (a cache line), ``FMA_CHAINS`` (independent accumulators
+``LINE_BYTES`` (a cache line), ``PAGE_BYTES`` (past this stride a stream
+defeats the hardware prefetchers), ``FMA_CHAINS`` (independent accumulators
 needed to keep the FMA pipes busy: latency 4 x 2 pipes on current x86 and Arm
 cores; the probe's own peak kernel uses 12-16) and ``OVERLAP_LOSS`` (the share
 of the non-limiting roofline terms that shows in the prediction, since compute
@@ -42,6 +43,7 @@ from .columns import columns
 LEVELS = ("L1", "L2", "L3", "DRAM")
 _CACHE = {"L1": "L1d", "L2": "L2", "L3": "L3"}
 LINE_BYTES = 64
+PAGE_BYTES = 4096
 FMA_CHAINS = 8
 OVERLAP_LOSS = 0.25
 F32 = 4
@@ -486,7 +488,12 @@ def _gemv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     home = np.broadcast_to(c.home(foot, active), (n,)) if not m.cold else np.full(n, LEVELS.index("DRAM"))
     traffic: dict[str, np.ndarray] = {}
     w_share = F32 * 1.0 * K * jbv * per
-    _add(traffic, home, w_share + F32 * (K + 2.0 * jbv * per))
+    # row layout reads W a few floats per row at a stride of a whole row: past a page the
+    # hardware prefetchers lose the stream, and the bytes arrive at the next level's pace
+    strided = ~packed & (N * F32 >= PAGE_BYTES)
+    w_level = np.where(strided, np.minimum(home + 1, LEVELS.index("DRAM")), home)
+    _add(traffic, w_level, w_share)
+    _add(traffic, home, F32 * (K + 2.0 * jbv * per))
     # row layout: each row of a block is jbv floats at a stride of N; a line shared with the
     # next block is fetched again from L2 when K lines do not stay in L1 meanwhile
     used = np.minimum(1.0, jbv * F32 / LINE_BYTES)
