@@ -325,6 +325,7 @@ def test_tune_reports_the_funnel_and_the_bound_and_warm_starts(tmp_path):
     assert 0 < tr.bound["bound_s"] <= tr.bound["predicted_s"] and tr.bound["of_bound"] > 0
     j = summary_json(first)
     assert j["funnel"] == tr.funnel and j["tasks"][tr.task.key]["bound"]["limiter"]
+    assert j["tasks"][tr.task.key]["funnel_pruned"] == pruned_fraction(tr.funnel) == 1 - 4 / 24
     spec = load_spec(first.spec_path)
     assert spec["tasks"][tr.task.key]["funnel"] == tr.funnel
     # the second run's ranker starts from the first run's measurements (same template, same device)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from . import __version__
 from .costmodel import break_even_runs, spearman
-from .costmodel.funnel import Funnel, Screened
+from .costmodel.funnel import Funnel, Screened, pruned_fraction
 from .costmodel.learned import history
 from .outcome import Outcome
 from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, Walk, make_strategy, search, walk_finalists
@@ -145,6 +145,7 @@ def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
         d["peak_bytes"] = acc.peak_bytes
     if tr.funnel:
         d["funnel"] = tr.funnel
+        d["funnel_pruned"] = pruned_fraction(tr.funnel)  # of the valid space, never measured
     if tr.bound:
         d["bound"] = tr.bound
     genome = getattr(t.backend, "genome", None)

@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..costmodel.funnel import pruned_fraction
 from ..tune import TaskResult, TuneResult
 
 LOW_SPEARMAN = 0.5
@@ -64,8 +65,6 @@ def plan_label(tr: TaskResult, c) -> str:
 
 
 def _pruned(stages) -> str:
-    from ..costmodel.funnel import pruned_fraction
-
     f = pruned_fraction(stages)
     return f" ({100 * f:.2f}% of the valid space never measured)" if f is not None else ""
 
@@ -172,6 +171,8 @@ def summary_json(res: TuneResult) -> dict[str, Any]:
             "proxy_spearman": tr.proxy_spearman,
             "funnel": tr.funnel,
         }
+        if tr.funnel:
+            d["funnel_pruned"] = pruned_fraction(tr.funnel)
         if tr.bound:
             d["bound"] = tr.bound
         if tr.baselines:
