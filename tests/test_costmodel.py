@@ -332,3 +332,20 @@ def test_tune_reports_the_funnel_and_the_bound_and_warm_starts(tmp_path):
     assert second.tasks[0].strategy["model"]["warm_start"] == sum(
         1 for t in tr.result.trials if t.outcome.status != "rejected")
     assert first.tasks[0].strategy["model"]["warm_start"] == 0
+
+
+def test_without_the_funnel_the_whole_valid_space_is_searched(tmp_path):
+    from planforge.measure import TimingConfig
+    from planforge.tune import tune
+    from planforge.workloads import load_workload
+
+    res = {}
+    for on in (True, False):
+        wl = load_workload("softmax", {"shape": "4,32"})
+        wl.tasks[0].backend.timing = TimingConfig(warmup_s=0.001, budget_s=0.005, min_repeats=3, max_repeats=5)
+        res[on] = tune(wl, budget=Budget(evals=2), out=tmp_path / str(on), funnel=on).tasks[0]
+    assert [s["stage"] for s in res[True].funnel] == ["space", "restrictions", "capacity", "roofline", "top-k",
+                                                      "measured"]
+    assert res[False].funnel == [{"stage": "space", "count": 24}, {"stage": "restrictions", "count": 24},
+                                 {"stage": "measured", "count": 2}]
+    assert res[False].task.space.size == 24 and res[False].result.counts.get("rejected", 0) == 0
