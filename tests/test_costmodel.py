@@ -323,6 +323,8 @@ def test_tune_reports_the_funnel_and_the_bound_and_warm_starts(tmp_path):
     assert names[:3] == ["space", "restrictions", "capacity"] and names[-1] == "measured"
     assert tr.funnel[-1]["count"] == tr.result.evaluations == 4
     assert 0 < tr.bound["bound_s"] <= tr.bound["predicted_s"] and tr.bound["of_bound"] > 0
+    assert [r["rank"] for r in tr.bound["ranked"]] == list(range(1, len(tr.ranked) + 1))
+    assert tr.bound["ranked"][tr.walk.accepted.rank - 1]["of_bound"] == pytest.approx(tr.bound["of_bound"])
     j = summary_json(first)
     assert j["funnel"] == tr.funnel and j["tasks"][tr.task.key]["bound"]["limiter"]
     assert j["tasks"][tr.task.key]["funnel_pruned"] == pruned_fraction(tr.funnel) == 1 - 4 / 24

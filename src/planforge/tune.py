@@ -278,5 +278,8 @@ def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strateg
     if walk is not None and hasattr(task.cost_model, "estimate"):
         bound = task.cost_model.estimate([walk.accepted.candidate]).row(0)
         bound["of_bound"] = walk.accepted.metric / bound["bound_s"] if bound["bound_s"] > 0 else None
+        lbs = task.cost_model.lower_bound([e.candidate for e in ranked])
+        bound["ranked"] = [{"rank": i, "bound_s": b, "of_bound": e.metric / b if b > 0 else None}
+                           for i, (e, b) in enumerate(zip(ranked, lbs), start=1)]
     return TaskResult(task, result, walk, strat.describe(), rho, err, ranked, baselines,
                       screen.stages(result.evaluations, best), bound)

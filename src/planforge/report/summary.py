@@ -132,6 +132,9 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
             ratio = f"; the accepted plan runs at {b['of_bound']:.2f}x its bound" if b.get("of_bound") else ""
             con.print(f"  roofline: bound {fmt_time(b['bound_s'])}, {b['limiter']}-limited prediction "
                       f"{fmt_time(b['predicted_s'])}{ratio}")
+            far = [f"#{r['rank']} {r['of_bound']:.2f}x" for r in b.get("ranked", []) if r.get("of_bound")]
+            if far:
+                con.print("  ranked plans against their bounds: " + ", ".join(far))
         learned = tr.strategy.get("model", {}).get("heldout") if isinstance(tr.strategy.get("model"), dict) else None
         if learned and learned.get("spearman") is not None:
             rk = next((k for k in learned if k.startswith("top")), None)
