@@ -108,6 +108,18 @@ def test_build_cache_reuses_a_library(tmp_path, monkeypatch):
     assert build(src + "\n").path != first.path  # content-keyed
 
 
+def test_corrupt_cached_library_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLANFORGE_CACHE", str(tmp_path))
+    src = "int pf_answer(void) { return 42; }\n"
+    first = build(src)
+    first.path.write_bytes(b"not a library")  # a truncated or clobbered cache entry
+    again = build(src)
+    assert not again.cached and again.path == first.path
+    from planforge.kernels.build import load
+
+    assert load(again).pf_answer() == 42
+
+
 def test_missing_compiler_is_a_clear_error(monkeypatch):
     from planforge.kernels import build as b
 

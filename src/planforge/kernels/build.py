@@ -81,7 +81,9 @@ def build(source: str, openmp: bool = False, extra_flags: Sequence[str] = (), cc
     out_dir.mkdir(parents=True, exist_ok=True)
     lib = out_dir / f"{key}.so"
     if lib.exists():
-        return Built(lib, key, True)
+        if _looks_like_library(lib):
+            return Built(lib, key, True)
+        lib.unlink(missing_ok=True)  # a truncated or foreign file in the cache: build it again
     path, _ = compiler(cc)
     with tempfile.TemporaryDirectory(prefix="pf-build-") as tmp:
         src = Path(tmp) / f"{key}.c"
@@ -99,6 +101,16 @@ def build(source: str, openmp: bool = False, extra_flags: Sequence[str] = (), cc
             raise BuildError(f"compile failed: {first}", log)
         os.replace(tmp_lib, lib)
     return Built(lib, key, False)
+
+
+def _looks_like_library(path: Path) -> bool:
+    """A cached file worth loading: an ELF (Linux) or Mach-O (macOS) object of plausible size."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        return path.stat().st_size > 256 and (head == b"\x7fELF" or head in (b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe"))
+    except OSError:
+        return False
 
 
 def _build_job(args) -> tuple[Built | None, str | None, str]:
