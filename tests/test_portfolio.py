@@ -120,3 +120,24 @@ def test_portfolio_rejects_bad_arms():
                       (["genetic", "genetic"], "arms repeat"), (["bandit"], "unusable: bandit")]:
         with pytest.raises(ValueError, match=msg):
             Portfolio(space, 0, arms=arms)
+
+
+def test_thompson_bins_large_knobs_and_samples_spaces_too_large_to_enumerate():
+    space = Space([int_range("a", 0, 999), int_range("b", 0, 999), int_range("c", 0, 9)], ["(a + b) % 7 != 0"])
+    table = {}
+
+    class Bowl:
+        name, fingerprint = "bowl", "bowl"
+
+        def measure(self, cands):
+            from planforge.outcome import Outcome
+
+            return [Outcome.measured([1e-6 * (1 + ((c["a"] - 600) / 100) ** 2 + ((c["b"] - 200) / 100) ** 2
+                                              + (c["c"] - 4) ** 2)]) for c in cands]
+
+    t = make_strategy("thompson", space, 0, n_init=8, pool=512)  # 10M points: sampled, not enumerated
+    assert t.n_features <= 1000 and max(t._levels) < 1000  # 1000-value knobs are binned
+    res = search(space, t, Bowl(), Budget(evals=40))
+    fps = [x.candidate.fingerprint for x in res.trials]
+    assert res.evaluations == 40 and len(set(fps)) == 40 and not table
+    assert res.ranked.best.metric < 3.0e-6  # well inside the bowl (a random point averages ~ 25e-6)

@@ -91,7 +91,8 @@ def test_exhaustive_finds_true_best():
 def test_auto_picks_exhaustive_when_space_fits_budget():
     s, _ = bowl()
     assert make_strategy("auto", s, budget=10_000).name == "exhaustive"
-    assert make_strategy("auto", s, budget=10).name == "genetic"
+    assert make_strategy("auto", s, budget=10).name == "bandit"  # the tuned portfolio (see AUTO_PORTFOLIO)
+    assert list(make_strategy("auto", s, budget=10).arms) == ["thompson", "genetic", "annealing", "hillclimb"]
 
 
 def test_unknown_strategy_is_a_clear_error():

@@ -305,18 +305,27 @@ STRATEGIES: dict[str, type[Strategy]] = {
 }
 
 
+# What ``auto`` runs on a space larger than the budget when no cost model has features: the
+# bandit portfolio with a Thompson-sampling arm beside genetic, annealing and hill climbing.
+# Chosen and tuned on the recorded GPU spaces of the benchmark hub (docs/benchmarks.md,
+# "Replay on recorded GPU spaces"), where it needs fewer evaluations than genetic alone.
+AUTO_PORTFOLIO = {"arms": ("thompson", "genetic", "annealing", "hillclimb")}
+
+
 def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = None, cost_model=None,
                   **options) -> Strategy:
     """Build a strategy by name. ``auto`` is exhaustive when the valid space
     fits in ``budget``; otherwise model-guided (``model``) when ``cost_model``
     has features for a learned model (the CPU kernel tasks' analytic model),
-    and genetic when it has none."""
+    and else the bandit portfolio with the settings of ``AUTO_PORTFOLIO``."""
     if name == "auto":
         try:
             fits = budget is not None and space.valid_size() <= budget
         except SpaceError:
             fits = False
-        name = "exhaustive" if fits else "model" if hasattr(cost_model, "features_of") else "genetic"
+        name = "exhaustive" if fits else "model" if hasattr(cost_model, "features_of") else "bandit"
+        if name == "bandit":
+            options = {**AUTO_PORTFOLIO, **options}
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose one of: auto, {', '.join(STRATEGIES)}")
     if name == "model":

@@ -54,35 +54,41 @@ class Thompson(Strategy):
             (default 1.0, i.e. e times slower).
         exploration: scales the spread of the posterior draws (default 1.0:
             plain Thompson sampling; 0: always the posterior mean).
+        max_features: the largest model (default 1000 weights); a knob with
+            many values is binned into fewer levels, down to 4, and past that
+            interactions are dropped.
     """
 
     name = "thompson"
 
     def __init__(self, space: Space, seed: int = 0, n_init: int = 16, prior: float = 1.0,
                  interaction_prior: float = 4.0, interactions: bool = True, refit: float = 0.05,
-                 pool: int = 50_000, fail_penalty: float = 1.0, exploration: float = 1.0, **kw):
+                 pool: int = 50_000, fail_penalty: float = 1.0, exploration: float = 1.0,
+                 max_features: int = 1000, **kw):
         kw.setdefault("max_duplicates", 1_000_000)  # the model never re-proposes; exhaustion stops it
         super().__init__(space, seed, **kw)
         self.n_init, self.prior, self.interaction_prior = n_init, prior, interaction_prior
         self.interactions, self.refit, self.pool, self.fail_penalty = interactions, refit, pool, fail_penalty
         self.exploration = exploration
         self.np_rng = np.random.default_rng(seed)
-        radix = [len(k.values) for k in space.knobs]
-        self._live = [i for i, r in enumerate(radix) if r > 1]
-        # feature layout: a block of one-hot columns per knob, then per pair of knobs
-        self._offset: dict[tuple[int, ...], int] = {}
-        f = 0
-        for i in self._live:
-            self._offset[(i,)] = f
-            f += radix[i]
-        self._n_main = f
-        if interactions:
-            for a, i in enumerate(self._live):
-                for j in self._live[a + 1:]:
-                    self._offset[(i, j)] = f
-                    f += radix[i] * radix[j]
+        self._radix = [len(k.values) for k in space.knobs]
+        self._live = [i for i, r in enumerate(self._radix) if r > 1]
+        # A knob with many values is binned (neighbouring values share a level) and, if the model
+        # is still too large, interactions are dropped: the posterior needs a dense F x F solve.
+        levels = 64
+        while True:
+            self._levels = [min(r, levels) for r in self._radix]
+            f = self._layout(interactions)
+            if f <= max_features or levels <= 4:
+                break
+            levels //= 2
+        if f > max_features and interactions:
+            self.interactions = interactions = False
+            f = self._layout(False)
+        if f > max_features:
+            raise ValueError(f"thompson: {f} features even without interactions (limit {max_features}); "
+                             "the space has too many knobs for this model")
         self.n_features = f
-        self._radix = radix
         self._precision = np.full(f, prior * interaction_prior)
         self._precision[: self._n_main] = prior
         self._A = np.zeros((f, f))  # X^T X
@@ -104,9 +110,25 @@ class Thompson(Strategy):
             self._pool_cols = self._cols_of_ints(self._pool_ints)
         self._proposed_ints: set[int] = set()
         self._observed: set[str] = set()
+        self._best_ints: list[int] = []  # the point of each observation, in order
         self.refits = 0
 
     # -- features --------------------------------------------------------------
+    def _layout(self, interactions: bool) -> int:
+        """Place the one-hot blocks (per knob, then per pair of knobs); returns the feature count."""
+        self._offset: dict[tuple[int, ...], int] = {}
+        f = 0
+        for i in self._live:
+            self._offset[(i,)] = f
+            f += self._levels[i]
+        self._n_main = f
+        if interactions:
+            for a, i in enumerate(self._live):
+                for j in self._live[a + 1:]:
+                    self._offset[(i, j)] = f
+                    f += self._levels[i] * self._levels[j]
+        return f
+
     def _digits(self, ints: np.ndarray) -> np.ndarray:
         """Value index of every knob for each mixed-radix integer (rows: points)."""
         out = np.zeros((len(ints), len(self._radix)), dtype=np.int64)
@@ -116,11 +138,13 @@ class Thompson(Strategy):
         return out
 
     def _cols_of_digits(self, d: np.ndarray) -> np.ndarray:
+        lv = np.array(self._levels)
+        d = d * lv // np.array(self._radix)  # value index -> level (the identity unless binned)
         cols = [self._offset[(i,)] + d[:, i] for i in self._live]
         if self.interactions:
             for a, i in enumerate(self._live):
                 for j in self._live[a + 1:]:
-                    cols.append(self._offset[(i, j)] + d[:, i] * self._radix[j] + d[:, j])
+                    cols.append(self._offset[(i, j)] + d[:, i] * lv[j] + d[:, j])
         if not cols:
             return np.zeros((len(d), 0), dtype=np.int64)
         return np.stack(cols, axis=1)
@@ -157,13 +181,30 @@ class Thompson(Strategy):
         if self._enumerable:
             ints, cols = self._pool_ints, self._pool_cols
         else:
-            cands = [self.space.sample(self.rng) for _ in range(min(self.pool, 4096))]
-            ints = np.array([self.space.to_int(c.index) for c in cands], dtype=np.int64)
-            ints = np.unique(ints)
+            ints = self._sample_pool(min(self.pool, 4096))
             self._pool_ints, cols = ints, self._cols_of_ints(ints)
         pred = w[cols].sum(axis=1) if cols.shape[1] else np.zeros(len(ints))
         self._order = list(np.argsort(pred, kind="stable"))
         self._cursor = 0
+
+    def _sample_pool(self, m: int) -> np.ndarray:
+        """Up to ``m`` distinct valid points drawn uniformly (by rejection), plus the incumbent's neighbours."""
+        digits = np.column_stack([self.np_rng.integers(0, r, size=4 * m) for r in self._radix])
+        out: list[int] = []
+        for row in digits:
+            idx = tuple(int(x) for x in row)
+            if self.space.is_valid_index(idx):
+                out.append(self.space.to_int(idx))
+                if len(out) >= m:
+                    break
+        ok = [(y, i) for i, y in enumerate(self._y) if y is not None]
+        if ok:
+            best = self._best_ints[min(ok)[1]]
+            out.extend(self.space.to_int(c.index) for c in self.space.neighbours(
+                self.space.candidate(self.space.from_int(best))))
+        if not out:  # restrictions reject nearly everything: fall back to the space's own sampler
+            out = [self.space.to_int(self.space.sample(self.rng).index) for _ in range(64)]
+        return np.unique(np.array(out, dtype=np.int64))
 
     def _stale(self) -> bool:
         new = len(self._y) - self._seen_at_fit
@@ -197,6 +238,7 @@ class Thompson(Strategy):
         cols = self._cols_of_ints(np.array([self.space.to_int(c.index)], dtype=np.int64))[0]
         self._A[np.ix_(cols, cols)] += 1.0
         self._rows.append(cols)
+        self._best_ints.append(self.space.to_int(c.index))
         self._y.append(math.log(o.metric) if o.ok and o.metric > 0 else None)
         self._proposed_ints.add(self.space.to_int(c.index))
 
