@@ -51,6 +51,19 @@ def _typed(options: dict[str, str]) -> dict:
     return out
 
 
+def _executor(kind: str, address: str | None, workers: int | None, cores_per_slot: int) -> dict | None:
+    """The executor settings ``tune`` takes (None: the plain one-worker local loop)."""
+    from .measure.executor import EXECUTORS
+
+    if kind not in EXECUTORS:
+        _fail(f"unknown --executor {kind!r}; choose from {', '.join(EXECUTORS)}")
+    if address and kind != "ray":
+        _fail("--ray-address needs --executor ray")
+    if kind == "local":
+        return None if (workers or 1) == 1 else {"kind": "local", "workers": workers, "cores_per_slot": cores_per_slot}
+    return {"kind": "ray", "address": address, "slots": workers, "cores_per_slot": cores_per_slot}
+
+
 @app.command()
 def tune(
     workload: str = typer.Option("policy-mlp", "--workload", "-w",
@@ -75,6 +88,15 @@ def tune(
     strategy_option: list[str] = typer.Option([], "--strategy-option", help="Strategy setting key=value (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object summarising the run, nothing else."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; summary only."),
+    executor: str = typer.Option("local", "--executor", help="Where measurements run: local (isolated worker "
+                                                             "processes on this machine) or ray (a Ray cluster; "
+                                                             "pip install 'planforge[ray]'). Default local."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join: auto or HOST:PORT "
+                                                                          "(default: start a local one)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Measurement slots (default: 1 for local, one per "
+                                                                  "core set of the cluster for ray)."),
+    cores_per_slot: int = typer.Option(1, "--cores-per-slot", help="Physical cores each slot claims and pins its "
+                                                                   "measurements to (default 1)."),
     no_funnel: bool = typer.Option(False, "--no-funnel", help="Skip the L0 funnel (capacity, roofline bound, "
                                                               "cost-model top-k): search the whole valid space."),
 ) -> None:
@@ -84,6 +106,7 @@ def tune(
     from .space import RestrictionError, SpaceError
     from .spec import RecordsError, SpecError
     from .kernels.build import CompilerMissing
+    from .measure.executor import ExecutorError
     from .tune import tune as run_tune
     from .workloads import WorkloadError, load_workload
 
@@ -123,7 +146,10 @@ def tune(
         with progress:
             res = run_tune(wl, strategy=strategy, budget=b, seed=seed, keep=keep, out=out, records=records,
                            resume=resume, strategy_options=_typed(_pairs(strategy_option, "--strategy-option")),
-                           on_trial=on_trial, command=command, funnel=not no_funnel)
+                           on_trial=on_trial, command=command,
+                           executor=_executor(executor, ray_address, workers, cores_per_slot), funnel=not no_funnel)
+    except ExecutorError as e:
+        _fail(str(e))
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]: every recorded measurement is kept; run the same command with "
                           "--resume to continue")

@@ -14,6 +14,7 @@ from .costmodel.funnel import Funnel, Screened, pruned_fraction
 from .costmodel.learned import history
 from .outcome import Outcome
 from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, Walk, make_strategy, search, walk_finalists
+from .search.asyncloop import search_on
 from .spec import Records, SCHEMA_VERSION, write_spec
 from .workloads import Task, Workload
 
@@ -178,7 +179,8 @@ def build_spec(workload: Workload, tasks: list[TaskResult], budget: Budget) -> d
 def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(evals=64), seed: int = 0,
          keep: int = 4, out: str | os.PathLike | None = None, records: str | os.PathLike | None = None,
          resume: bool = False, strategy_options: dict[str, Any] | None = None,
-         on_trial: Callable[[Task, Trial], None] | None = None, command: str = "", funnel: bool = True
+         on_trial: Callable[[Task, Trial], None] | None = None, command: str = "",
+         executor: dict[str, Any] | None = None, funnel: bool = True
          ) -> TuneResult:
     """Tune every task of ``workload``; write ``out/spec.json`` when ``out`` is given.
 
@@ -192,6 +194,8 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         resume: continue the latest interrupted run with the same workload and
             settings, taking every recorded outcome instead of measuring it.
         on_trial: called with each outcome as it arrives (progress display).
+        executor: where measurements run: ``{"kind": "local"|"ray", **options}``
+            (see ``planforge.measure.executor``); default None: one local worker.
         funnel: run the L0 funnel before the search (default True): a task
             with an analytic model is searched among the capacity survivors'
             predicted top-k only, and a proposal whose roofline bound is
@@ -212,7 +216,7 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         try:
             for task in workload.tasks:
                 results.append(_tune_task(db, run_id, workload, task, strategy, budget, seed, keep,
-                                          strategy_options or {}, on_trial, funnel))
+                                          strategy_options or {}, on_trial, funnel, executor=executor))
         except KeyboardInterrupt:
             db.end_run(run_id, "interrupted")
             raise
@@ -233,7 +237,7 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
 
 
 def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strategy: str, budget: Budget,
-               seed: int, keep: int, options: dict[str, Any], on_trial, funnel: bool = True) -> TaskResult:
+               seed: int, keep: int, options: dict[str, Any], on_trial, funnel: bool = True, executor: dict[str, Any] | None = None) -> TaskResult:
     if task.seeds:
         options = {**options, "initial": list(task.seeds)}
     screen = Funnel(task.cost_model if funnel else None, min_k=4 * (budget.evals or 16)).screen(task.space)
@@ -245,14 +249,18 @@ def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strateg
     done = [o.metric for o in cache.values() if o.ok]
     backend = Screened(task.backend, screen, min(done) if done else None)
 
-    def record(trial: Trial) -> None:
+    def record(trial: Trial, target: str | None = None) -> None:
         if not trial.cached:
-            db.add(run_id, workload.manifest.key, task.key, task.backend.fingerprint, trial.candidate.fingerprint,
+            db.add(run_id, workload.manifest.key, task.key, target or task.backend.fingerprint, trial.candidate.fingerprint,
                    trial.candidate.as_dict(), trial.outcome, trial.n)
         if on_trial:
             on_trial(task, trial)
 
-    result = search(space, strat, backend, budget, keep=keep, cache=cache, on_trial=record)
+    if executor and (executor.get("kind", "local") != "local" or executor.get("workers", 1) > 1):
+        # slots measure in parallel; each outcome is recorded under the fingerprint of the device that measured it
+        result = search_on(executor, space, strat, task.backend, budget, keep=keep, cache=cache, on_done=record)
+    else:
+        result = search(space, strat, backend, budget, keep=keep, cache=cache, on_trial=record)
     rho = None
     if task.cost_model is not None:
         measured = [x for x in result.trials if x.outcome.ok]

@@ -10,6 +10,7 @@ The library baselines (numpy, torch) run through the same worker and timing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Sequence
 
 from ..kernels.build import BuildError, build_many
@@ -34,6 +35,7 @@ class CpuBackend:
         seed: seeds the inputs (default 0).
         memory_limit: address-space limit of the measurement worker, bytes (default none).
         timeout: adaptive per-measurement timeout (default 10x the fastest, 5..120 s).
+        cpus: CPUs the measurement worker is pinned to (default None: not pinned).
     """
 
     problem: Problem
@@ -44,10 +46,11 @@ class CpuBackend:
     memory_limit: int | None = None
     timeout: AdaptiveTimeout = field(default_factory=AdaptiveTimeout)
     name: str = "cpu"
+    cpus: tuple[int, ...] | None = None
 
     def __post_init__(self):
         self.fingerprint = self.profile.fingerprint
-        self.worker = Worker(self.memory_limit)
+        self.worker = Worker(self.memory_limit, cpus=self.cpus)
         self._libs: dict[str, str] = {}  # candidate fingerprint -> built library path
         self.build_seconds = 0.0
 
@@ -59,8 +62,22 @@ class CpuBackend:
         return {"problem": self.problem.to_json(), "seed": self.seed, "impl": impl, "knobs": knobs, "lib": lib,
                 "template": f"{self.template.registry}:{self.template.name}", "timing": self.timing.to_json()}
 
+    def factory(self):
+        """A picklable ``f(cpus) -> CpuBackend`` measuring the same problem and
+        template on whichever machine calls it (executors build one per slot)."""
+        t = self.timeout
+        return partial(_remote_cpu_backend, self.problem.to_json(), f"{self.template.registry}:{self.template.name}",
+                       self.profile, self.timing.to_json(), self.seed, self.memory_limit, (t.factor, t.lo, t.hi))
+
     def _run(self, job: dict) -> Outcome:
         r = self.worker.run(run_job, (job,), timeout=self.timeout())
+        if r.status == "crashed" and "SIGKILL" in r.message:
+            # a candidate does not SIGKILL itself: someone killed the worker (the OOM killer, an operator);
+            # try once more in a fresh worker before blaming the candidate
+            first = r.message
+            r = self.worker.run(run_job, (job,), timeout=self.timeout())
+            if r.status == "crashed" and "SIGKILL" in r.message:
+                return Outcome.invalid("runtime", f"measurement worker lost twice: {first}; then {r.message}")
         if r.status == "ok":
             v = r.value
             if v["status"] == "ok":
@@ -138,6 +155,19 @@ class CpuBackend:
 
     def close(self) -> None:
         self.worker.close()
+
+
+def _remote_cpu_backend(problem: dict, template: str, profile, timing: dict, seed: int, memory_limit: int | None,
+                        timeout: tuple[float, float, float], cpus: tuple[int, ...] | None = None) -> CpuBackend:
+    """Rebuild a CpuBackend in an executor slot. On another kind of machine the
+    slot's own profile is used, so its times carry its own fingerprint."""
+    from ..backends.probe import get_profile, hardware
+    from ..kernels.cpu.job import template as find_template
+
+    if hardware().fingerprint != profile.fingerprint:
+        profile = get_profile(quick=True)
+    return CpuBackend(Problem.from_json(problem), find_template(template), profile, TimingConfig(**timing), seed,
+                      memory_limit, AdaptiveTimeout(*timeout), cpus=cpus)
 
 
 __all__ = ["BuildError", "CpuBackend"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Mapping, Sequence
 
 from ..outcome import Outcome
@@ -37,6 +38,10 @@ class TableBackend:
     def describe(self) -> dict:
         return {"backend": self.name, "fingerprint": self.fingerprint, "entries": len(self.table)}
 
+    def factory(self):
+        """A picklable ``f(cpus) -> TableBackend`` (a copy of this one; ``cpus`` is ignored)."""
+        return partial(_copy_table, dict(self.table), self.label, self.delay_s)
+
     def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
         out = []
         for c in candidates:
@@ -45,3 +50,7 @@ class TableBackend:
             t = self.table.get(c.fingerprint)
             out.append(Outcome.measured([t]) if t is not None else Outcome.rejected(f"{c} is not in table {self.label!r}"))
         return out
+
+
+def _copy_table(table: dict, label: str, delay_s: float, cpus=None) -> TableBackend:
+    return TableBackend(table, label, delay_s)

@@ -74,11 +74,15 @@ class Worker:
             RLIMIT_AS, so a candidate that allocates without bound fails there
             (default None: no limit).
         env: environment variables set in the child before it starts.
+        cpus: CPUs the child is pinned to (default None: not pinned), so that
+            measurements in parallel workers never share a core.
     """
 
-    def __init__(self, memory_limit: int | None = None, env: dict[str, str] | None = None):
+    def __init__(self, memory_limit: int | None = None, env: dict[str, str] | None = None,
+                 cpus: tuple[int, ...] | None = None):
         self.memory_limit = memory_limit
         self.env = env or {}
+        self.cpus = tuple(cpus) if cpus else None
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._send: Connection | None = None
@@ -96,6 +100,8 @@ class Worker:
         finally:
             os.close(job_r)
             os.close(res_w)
+        if self.cpus:
+            os.sched_setaffinity(self._proc.pid, self.cpus)  # before any job: OpenMP sizes itself from this
         self._send = Connection(job_w, readable=False)
         self._conn = Connection(res_r, writable=False)
 
@@ -132,7 +138,8 @@ class Worker:
                 except (EOFError, OSError):
                     code = self._wait(5)
                     self._kill()
-                    return JobResult("crashed", message=f"worker {_signal_name(code)}", wall_s=time.perf_counter() - t0)
+                    return JobResult("crashed", message=f"worker {_signal_name(code)}{self._limit_note()}",
+                                     wall_s=time.perf_counter() - t0)
                 wall = time.perf_counter() - t0
                 if status == "ok":
                     return JobResult("ok", value=payload, wall_s=wall)
@@ -140,7 +147,12 @@ class Worker:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
                 self._kill()
-                return JobResult("crashed", message=f"worker {_signal_name(code)}", wall_s=time.perf_counter() - t0)
+                return JobResult("crashed", message=f"worker {_signal_name(code)}{self._limit_note()}",
+                                 wall_s=time.perf_counter() - t0)
+
+    def _limit_note(self) -> str:
+        # a candidate that runs out of address space under RLIMIT_AS usually dies on the failed allocation
+        return f" (its memory limit was {self.memory_limit / 2**20:.0f} MiB)" if self.memory_limit else ""
 
     def _wait(self, timeout: float) -> int | None:
         try:

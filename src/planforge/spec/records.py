@@ -171,3 +171,50 @@ class Records:
 
     def count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+
+
+_COLUMNS = ("run_id, workload_key, task, target, fingerprint, candidate, status, category, metric, times, message, "
+            "evaluation, created")
+
+
+def merge_records(inputs: list[str | os.PathLike], out: str | os.PathLike) -> dict[str, int]:
+    """Merge the records databases ``inputs`` into ``out`` (created if missing).
+
+    A run and a measurement are identified as in one database (run id; run id,
+    task and candidate fingerprint), so merging the same database twice, or a
+    database with a copy of itself, adds nothing: merging is idempotent. A run
+    that one input saw finish and another saw interrupted ends up finished.
+    Each input is merged in one transaction. Returns the counts added."""
+    missing = [str(p) for p in inputs if not Path(p).is_file()]
+    if missing:
+        raise RecordsError(f"no records database at {', '.join(missing)}")
+    dst = Records(out)
+    added = {"runs": 0, "measurements": 0}
+    try:
+        for p in inputs:
+            if Path(p).resolve() == dst.path.resolve():
+                continue
+            Records(p).close()  # refuses a file that is not planforge's, or from a newer planforge
+            db = dst.db
+            db.execute("ATTACH DATABASE ? AS src", (str(p),))
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                before = db.execute("SELECT (SELECT COUNT(*) FROM runs), (SELECT COUNT(*) FROM measurements)").fetchone()
+                db.execute("INSERT INTO runs SELECT * FROM src.runs WHERE 1 ON CONFLICT(run_id) DO UPDATE SET "
+                           "status=excluded.status, finished=excluded.finished WHERE runs.status IN "
+                           "('running','interrupted') AND excluded.status NOT IN ('running','interrupted')")
+                db.execute(f"INSERT OR IGNORE INTO measurements ({_COLUMNS}) SELECT {_COLUMNS} FROM src.measurements "
+                           "ORDER BY id")
+                after = db.execute("SELECT (SELECT COUNT(*) FROM runs), (SELECT COUNT(*) FROM measurements)").fetchone()
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            finally:
+                db.execute("DETACH DATABASE src")
+            added["runs"] += after[0] - before[0]
+            added["measurements"] += after[1] - before[1]
+        added["total"] = dst.count()
+    finally:
+        dst.close()
+    return added
