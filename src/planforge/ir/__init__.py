@@ -1,5 +1,12 @@
-"""Graph IR, shapes and dtypes, the model zoo; torch and ONNX import."""
+"""Graph IR, shapes and dtypes, the model zoo; torch and ONNX import.
+
+The importers need their extras (``torch``, ``onnx``) only when called: importing this package does not.
+"""
+from .frontend import ModelError, UnsupportedOp, load_model
 from .graph import OPS, Graph, GraphBuilder, GraphError, Node, apply_op, interpret, validate
+from .onnx_import import from_onnx
+from .torch_import import from_exported, from_torch
 from .zoo import ZOO
 
-__all__ = ["Graph", "GraphBuilder", "GraphError", "Node", "OPS", "ZOO", "apply_op", "interpret", "validate"]
+__all__ = ["Graph", "GraphBuilder", "GraphError", "ModelError", "Node", "OPS", "UnsupportedOp", "ZOO", "apply_op",
+           "from_exported", "from_onnx", "from_torch", "interpret", "load_model", "validate"]

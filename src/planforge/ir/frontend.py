@@ -1,0 +1,411 @@
+"""What the torch and ONNX importers share: their errors, and an ``Emitter`` that lowers framework ops onto IR ops.
+
+Both importers walk a framework graph in order and hand each op to the
+emitter, which tracks the shape of every value with the IR's own shape rules
+and folds what is known at import time (weights, shape arithmetic) into
+constants. A value is either the name of a runtime IR value (``str``) or a
+``Const`` (a numpy array); a ``Const`` becomes a ``Graph.params`` entry only
+when a runtime op consumes it, so a weight that is only ever transposed is
+stored once, already transposed.
+
+The lowerings keep to what the IR can express exactly: broadcasting adds of a
+constant become ``bias`` (a vector on the last axis) or ``add`` of the
+broadcast constant, a multiply by a uniform constant becomes ``scale``,
+softmax on another axis is a transpose sandwich, layer norm over several
+trailing axes is a reshape sandwich. Anything else is ``UnsupportedOp``, which
+names the op and where it is.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .graph import OPS, Graph, GraphError, Node
+
+
+class UnsupportedOp(GraphError):
+    """A framework op (or a use of one) with no IR mapping. ``op`` is its name, ``where`` says where it is."""
+
+    def __init__(self, op: str, where: str, reason: str = ""):
+        self.op, self.where, self.reason = op, where, reason
+        msg = f"unsupported op {op} at {where}"
+        super().__init__(msg + (f": {reason}" if reason else ""))
+
+
+class ModelError(GraphError):
+    """A model that cannot be imported as a whole: unreadable file, dynamic shapes, missing extra, bad dtype."""
+
+
+@dataclass(eq=False)
+class Const:
+    """A value known at import time; ``hint`` names the parameter it becomes."""
+
+    value: np.ndarray
+    hint: str
+
+
+@dataclass(eq=False)
+class Unavailable:
+    """A side output the IR does not produce (layer norm's mean, dropout's mask); an error only if used."""
+
+    what: str
+
+
+Value = Any  # str (runtime IR value) | Const
+
+
+def need_module(module: str, extra: str, what: str):
+    """Import an optional dependency or fail with the install line."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ModelError(f"{what} needs the {module!r} package ({e}); install it with: "
+                         f"pip install 'planforge[{extra}]'") from None
+
+
+def op_table() -> tuple[dict[str, Callable], Callable]:
+    """An importer's op table and the decorator that fills it: ``@op("Relu")`` over a lowering."""
+    table: dict[str, Callable] = {}
+
+    def op(*names: str):
+        def deco(fn: Callable) -> Callable:
+            for n in names:
+                table[n] = fn
+            return fn
+        return deco
+    return table, op
+
+
+def as_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(d) for d in shape)
+
+
+class Emitter:
+    """Builds a ``Graph`` op by op; ``where`` (set by the importer per source op) goes into every error."""
+
+    def __init__(self, name: str):
+        self.g = Graph(name, {}, {}, [], [])
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.op = "?"
+        self.where = "?"
+        self._params: dict[int, tuple[Const, str]] = {}
+        self._transposed: dict[int, Const] = {}
+        self._keep: list[Const] = []
+        self.producer: dict[str, Node] = {}
+
+    # -- bookkeeping ---------------------------------------------------------------------------------------------
+
+    def at(self, op: str, where: str) -> None:
+        self.op, self.where = op, where
+
+    def unsupported(self, reason: str = "") -> UnsupportedOp:
+        return UnsupportedOp(self.op, self.where, reason)
+
+    def unique(self, name: str) -> str:
+        base, i = name or "v", 1
+        while name in self.shapes or not name:
+            name = f"{base}.{i}"
+            i += 1
+        return name
+
+    def input(self, name: str, shape: Sequence[int]) -> str:
+        shape = as_shape(shape)
+        name = self.unique(name)
+        self.g.inputs[name] = shape
+        self.shapes[name] = shape
+        return name
+
+    def param(self, c: Const) -> str:
+        """The IR name of a constant used as a runtime operand (stored once, fp32)."""
+        hit = self._params.get(id(c))
+        if hit:
+            return hit[1]
+        if c.value.dtype.kind != "f":
+            raise self.unsupported(f"constant {c.hint!r} of dtype {c.value.dtype} is used as a tensor operand; "
+                                   f"the IR computes in fp32 only")
+        name = self.unique(c.hint)
+        self.g.params[name] = np.ascontiguousarray(c.value, dtype=np.float32)
+        self.shapes[name] = tuple(c.value.shape)
+        self._params[id(c)] = (c, name)      # keep c alive so its id stays unique
+        return name
+
+    def ref(self, v: Value) -> str:
+        if isinstance(v, Const):
+            return self.param(v)
+        if isinstance(v, Unavailable):
+            raise self.unsupported(f"uses {v.what}, which the IR does not compute")
+        if not isinstance(v, str):
+            raise self.unsupported(f"expects a tensor operand, got {type(v).__name__} {v!r}")
+        return v
+
+    def shape(self, v: Value) -> tuple[int, ...]:
+        if isinstance(v, Const):
+            return tuple(v.value.shape)
+        return self.shapes[self.ref(v)]
+
+    def node(self, op: str, inputs: Sequence[Value], name: str, **attrs) -> str:
+        """Append ``name = op(*inputs, **attrs)``, checking it with the IR's shape rule."""
+        ins = tuple(self.ref(v) for v in inputs)
+        out = self.unique(name)
+        n = Node(op, ins, out, attrs)
+        try:
+            shape = tuple(OPS[op][1]([self.shapes[i] for i in ins], n))
+        except GraphError as e:
+            raise GraphError(f"{self.op} at {self.where}: lowered to {e}") from None
+        self.g.nodes.append(n)
+        self.shapes[out] = shape
+        self.producer[out] = n
+        return out
+
+    def finish(self, outputs: Sequence[Value]) -> Graph:
+        self.g.outputs = [self.ref(v) for v in outputs]
+        if not self.g.outputs:
+            raise ModelError(f"graph {self.g.name!r} has no tensor outputs")
+        self._drop_dead()
+        self.g.shapes()          # the whole graph, checked once more by the validator itself
+        return self.g
+
+    def _drop_dead(self) -> None:
+        """Drop nodes and params no output depends on (left behind by folded shape arithmetic and patterns)."""
+        live = set(self.g.outputs)
+        keep = []
+        for n in reversed(self.g.nodes):
+            if n.output in live:
+                keep.append(n)
+                live.update(n.inputs)
+        self.g.nodes = keep[::-1]
+        self.g.params = {k: v for k, v in self.g.params.items() if k in live}
+
+    # -- lowerings -------------------------------------------------------------------------------------------------
+
+    def _axis(self, axis: int, rank: int) -> int:
+        if not -rank <= axis < max(rank, 1):
+            raise self.unsupported(f"axis {axis} is out of range for rank {rank}")
+        return axis % max(rank, 1)
+
+    def identity(self, x: Value) -> Value:
+        return x
+
+    def transpose(self, x: Value, perm: Sequence[int], name: str) -> Value:
+        rank = len(self.shape(x))
+        perm = tuple(self._axis(int(p), rank) for p in perm)
+        if sorted(perm) != list(range(rank)):
+            raise self.unsupported(f"{perm} is not a permutation of {rank} axes")
+        if perm == tuple(range(rank)):
+            return x
+        if isinstance(x, Const):
+            return Const(np.ascontiguousarray(np.transpose(x.value, perm)), x.hint)
+        return self.node("transpose", [x], name, perm=perm)
+
+    def transposed_weight(self, w: Value, name: str) -> Value:
+        """``w`` with its last two axes swapped; a constant is transposed once however often it is used."""
+        rank = len(self.shape(w))
+        if rank < 2:
+            raise self.unsupported(f"weight of shape {self.shape(w)} has fewer than 2 axes")
+        perm = (*range(rank - 2), rank - 1, rank - 2)
+        if isinstance(w, Const):
+            if id(w) not in self._transposed:
+                self._transposed[id(w)] = self.transpose(w, perm, name)
+                self._keep.append(w)          # keep w alive while its id is a key
+            return self._transposed[id(w)]
+        return self.transpose(w, perm, name)
+
+    def reshape(self, x: Value, shape: Sequence[int], name: str) -> Value:
+        shape = as_shape(shape)
+        src = self.shape(x)
+        if math.prod(shape) != math.prod(src) or any(d < 1 for d in shape):
+            raise self.unsupported(f"cannot reshape {src} into {shape}")
+        if shape == src:
+            return x
+        if isinstance(x, Const):
+            return Const(x.value.reshape(shape), x.hint)
+        return self.node("reshape", [x], name, shape=shape)
+
+    def scale(self, x: Value, factor: float, name: str) -> Value:
+        factor = float(factor)
+        if factor == 1.0:
+            return x
+        if isinstance(x, Const):
+            return Const((x.value * factor).astype(x.value.dtype), x.hint)
+        return self.node("scale", [x], name, factor=factor)
+
+    def _uniform(self, c: Any) -> float | None:
+        """The single value of a scalar or a constant whose entries are all equal, else None."""
+        if isinstance(c, (bool, int, float, np.number)):
+            return float(c)
+        if isinstance(c, Const) and c.value.size >= 1 and c.value.dtype.kind in "fiub":
+            flat = c.value.reshape(-1)
+            if np.all(flat == flat[0]):
+                return float(flat[0])
+        return None
+
+    def _as_const(self, v: Any, name: str) -> Any:
+        if isinstance(v, (bool, int, float, np.number)):
+            return Const(np.asarray(v, dtype=np.float32), name + ".c")
+        return v
+
+    def mul(self, a: Value, b: Value, name: str) -> Value:
+        a, b = self._as_const(a, name), self._as_const(b, name)
+        if isinstance(a, Const) and isinstance(b, Const):
+            return Const(a.value * b.value, a.hint)
+        if isinstance(a, Const):
+            a, b = b, a
+        if not isinstance(b, Const):
+            raise self.unsupported(f"multiplies two computed tensors ({self.shape(a)} and {self.shape(b)}); the IR "
+                                   f"multiplies only by a constant scalar (op 'scale')")
+        k = self._uniform(b)
+        if k is None:
+            raise self.unsupported(f"multiplies {self.shape(a)} by a non-uniform tensor of shape {self.shape(b)}; "
+                                   f"the IR multiplies only by a scalar (op 'scale')")
+        out = np.broadcast_shapes(self.shape(a), self.shape(b))
+        if out != self.shape(a):
+            raise self.unsupported(f"multiplying {self.shape(a)} by {self.shape(b)} broadcasts to {out}")
+        return self.scale(a, k, name)
+
+    def add(self, a: Value, b: Value, name: str, alpha: float = 1.0) -> Value:
+        """``a + alpha * b`` with numpy broadcasting where the IR can say it exactly."""
+        a, b = self._as_const(a, name), self._as_const(b, name)
+        if isinstance(a, Const) and isinstance(b, Const):
+            return Const(a.value + alpha * b.value, a.hint)
+        if isinstance(a, Const):                      # c + alpha*x  ->  (alpha*x) + c
+            return self.add(self.scale(b, alpha, name + ".scaled"), a, name)
+        if isinstance(b, Const):
+            sa, sb = self.shape(a), self.shape(b)
+            try:
+                out = np.broadcast_shapes(sa, sb)
+            except ValueError:
+                raise self.unsupported(f"shapes {sa} and {sb} do not broadcast") from None
+            if out != sa:
+                raise self.unsupported(f"adding a constant of shape {sb} broadcasts {sa} up to {out}")
+            if not sa:
+                raise self.unsupported("adds to a 0-d tensor")
+            v = b.value.astype(np.float32) * np.float32(alpha)
+            hint = b.hint if alpha == 1.0 else f"{b.hint}*{alpha:g}"
+            n = sa[-1]
+            if v.size == 1:
+                return self.node("bias", [a, Const(np.full(n, v.reshape(-1)[0], np.float32), hint)], name)
+            if v.ndim and math.prod(v.shape[:-1]) == 1 and v.shape[-1] == n:
+                same = v.shape == (n,) and alpha == 1.0 and b.value.dtype.kind == "f"
+                return self.node("bias", [a, b if same else Const(v.reshape(n), hint)], name)   # one param per b
+            return self.node("add", [a, Const(np.ascontiguousarray(np.broadcast_to(v, sa)), hint)], name)
+        if alpha != 1.0:
+            b = self.scale(b, alpha, name + ".scaled")
+        sa, sb = self.shape(a), self.shape(b)
+        if sa != sb:
+            raise self.unsupported(f"adds two computed tensors of shapes {sa} and {sb}; the IR's add needs equal "
+                                   f"shapes (a broadcast add is only supported against a constant)")
+        return self.node("add", [a, b], name)
+
+    def matmul(self, a: Value, b: Value, name: str) -> Value:
+        sa, sb = self.shape(a), self.shape(b)
+        if len(sa) < 2 or len(sb) < 2:
+            raise self.unsupported(f"matmul of {sa} and {sb}: the IR needs operands of rank >= 2")
+        if isinstance(a, Const) and isinstance(b, Const):
+            return Const(a.value @ b.value, a.hint)
+        if len(sb) > 2 and sa[:-2] != sb[:-2]:
+            if isinstance(b, Const) and math.prod(sb[:-2]) == 1:
+                b = self.reshape(b, sb[-2:], name + ".w")
+            else:
+                raise self.unsupported(f"matmul of {sa} and {sb} broadcasts batch dimensions; the IR needs equal "
+                                       f"batch dimensions or a 2-D right operand")
+        return self.node("matmul", [a, b], name)
+
+    def softmax(self, x: Value, axis: int, name: str) -> Value:
+        rank = len(self.shape(x))
+        axis = self._axis(axis, rank)
+        if axis == rank - 1:
+            return self.node("softmax", [x], name)
+        perm = list(range(rank))
+        perm[axis], perm[-1] = perm[-1], perm[axis]        # a swap is its own inverse
+        y = self.node("softmax", [self.transpose(x, perm, name + ".in")], name + ".last")
+        return self.transpose(y, perm, name)
+
+    def layernorm(self, x: Value, n_axes: int, gamma: Value | None, beta: Value | None, eps: float,
+                  name: str) -> Value:
+        """Normalise over the last ``n_axes`` axes; several axes become one by a reshape sandwich."""
+        s = self.shape(x)
+        if not 1 <= n_axes <= len(s):
+            raise self.unsupported(f"normalises over {n_axes} trailing axes of a rank-{len(s)} tensor")
+        inner = s[len(s) - n_axes:]
+        n = math.prod(inner)
+        affine = []
+        for v, fill, what in ((gamma, 1.0, "weight"), (beta, 0.0, "bias")):
+            if v is None:
+                v = Const(np.full(n, fill, np.float32), f"{name}.{what}")
+            if self.shape(v) != inner:
+                raise self.unsupported(f"layer norm {what} has shape {self.shape(v)}, expected {inner}")
+            affine.append(self.reshape(v, (n,), name + "." + what))
+        lead = s[:len(s) - n_axes]
+        back = (*lead, n) != s
+        flat = self.reshape(x, (*lead, n), name + ".flat")
+        y = self.node("layernorm", [flat, *affine], name + ".ln" if back else name, eps=float(eps))
+        return self.reshape(y, s, name)
+
+    def concat(self, xs: Sequence[Value], axis: int, name: str) -> Value:
+        if not xs:
+            raise self.unsupported("concatenates no tensors")
+        rank = len(self.shape(xs[0]))
+        axis = self._axis(axis, rank)
+        xs = [x for x in xs if self.shape(x)[axis:axis + 1] != (0,)]
+        if len(xs) == 1:
+            return xs[0]
+        if all(isinstance(x, Const) for x in xs):
+            return Const(np.concatenate([x.value for x in xs], axis=axis), xs[0].hint)
+        return self.node("concat", list(xs), name, axis=axis)
+
+    def check(self, v: Value, expected: Sequence[int] | None, what: str) -> None:
+        """Compare a lowered value's shape with the framework's; a mismatch is an importer bug, said plainly."""
+        if expected is None or isinstance(v, Unavailable):
+            return
+        got = self.shape(v)
+        if tuple(got) != as_shape(expected):
+            raise GraphError(f"{self.op} at {self.where}: planforge lowered {what} to shape {got}, the model says "
+                             f"{as_shape(expected)}; this is a bug in planforge's importer, please report it")
+
+
+def load_model(path: str | Path, input_shapes: dict[str, Sequence[int]] | None = None) -> Graph:
+    """Import a model file into the IR.
+
+    ``.onnx`` goes through ``from_onnx`` (extra ``onnx``); ``.pt2`` (a ``torch.export.save`` archive)
+    through ``torch.export.load`` and ``from_exported`` (extra ``torch``). ``input_shapes`` maps input
+    names to concrete shapes and is needed only where the model's inputs have dynamic sizes.
+    """
+    p = Path(path)
+    suffix = p.suffix.lower()
+    accepted = ("accepted: .onnx (ONNX, extra 'onnx') and .pt2 (torch.export.save, extra 'torch'); "
+                "for a torch.nn.Module in Python use planforge.ir.from_torch(module, example_inputs)")
+    if suffix not in (".onnx", ".pt2"):
+        raise ModelError(f"cannot import {str(p)!r}: unknown model format {suffix or '(no suffix)'!r}; {accepted}")
+    if not p.is_file():
+        raise ModelError(f"cannot import {str(p)!r}: no such file")
+    if suffix == ".onnx":
+        from .onnx_import import from_onnx
+
+        return from_onnx(p, input_shapes=input_shapes)
+    from .torch_import import from_exported
+
+    torch = need_module("torch", "torch", f"reading {p.name}")
+    import logging
+
+    log = logging.getLogger("torch.export")
+    level = log.level
+    log.setLevel(logging.ERROR)            # torch logs a traceback of its own before raising
+    try:
+        ep = torch.export.load(str(p))
+    except Exception as e:  # torch raises many kinds here (zip, pickle, version errors)
+        raise ModelError(f"cannot read {str(p)!r} as a torch.export archive (.pt2): "
+                         f"{type(e).__name__}: {_first_lines(str(e))}") from None
+    finally:
+        log.setLevel(level)
+    return from_exported(ep, input_shapes=input_shapes, name=p.stem)
+
+
+def _first_lines(text: str, n: int = 6) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return "\n".join(lines[:n]) + (" ..." if len(lines) > n else "")

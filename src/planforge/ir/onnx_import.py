@@ -1,0 +1,432 @@
+"""Import an ONNX model into the IR (extra ``onnx``).
+
+``from_onnx(path)`` checks the model, fixes its input shapes (dynamic sizes
+must be given in ``input_shapes``), runs ONNX shape inference, and maps the
+nodes in order (the table is ``ONNX`` below). Initializers become
+``Graph.params``. Nodes whose inputs are all known at import time (shape
+arithmetic, ``Constant``) are evaluated with ONNX's reference evaluator at the
+model's opset and become constants; ``Shape`` of a runtime value is known too,
+since every shape is concrete.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .frontend import Const, Emitter, ModelError, Unavailable, as_shape, need_module, op_table
+from .graph import Graph
+
+_RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+def from_onnx(path_or_model, input_shapes: dict[str, Sequence[int]] | None = None, name: str | None = None) -> Graph:
+    """Import an ONNX model: a path to a ``.onnx`` file or an ``onnx.ModelProto``.
+
+    ``input_shapes`` maps input names to concrete shapes; it is required for inputs with dynamic
+    sizes (a ``dim_param`` such as ``"batch"``, or no size at all) and may not contradict a fixed size.
+    ``name`` defaults to the file's stem, else the graph's name.
+    """
+    onnx = need_module("onnx", "onnx", "importing an ONNX model")
+    model, src = _load(onnx, path_or_model)
+    is_file = isinstance(path_or_model, (str, Path))
+    try:    # by path where there is one: the checker then handles external data and models over 2 GB
+        onnx.checker.check_model(str(path_or_model) if is_file else model)
+    except Exception as e:  # ValidationError, and C++ errors for broken protos
+        first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+        raise ModelError(f"{src} is not a valid ONNX model: {first}") from None
+    if not model.graph.output:
+        raise ModelError(f"{src} has no graph outputs")
+    name = name or (Path(path_or_model).stem if is_file else None) or model.graph.name or "onnx"
+    return _Importer(onnx, model, src, name, input_shapes or {}).run()
+
+
+def _load(onnx, path_or_model):
+    if isinstance(path_or_model, onnx.ModelProto):
+        return path_or_model, f"ONNX model {path_or_model.graph.name or '(unnamed)'!r}"
+    p = Path(path_or_model)
+    src = repr(str(p))
+    if not p.is_file():
+        raise ModelError(f"cannot read ONNX file {src}: no such file")
+    try:
+        model = onnx.load(str(p))
+    except Exception as e:  # DecodeError for garbage, OSError, external-data errors
+        raise ModelError(f"cannot read ONNX file {src}: not an ONNX model ({type(e).__name__}: "
+                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
+    if not model.HasField("graph"):
+        raise ModelError(f"cannot read ONNX file {src}: it holds no ONNX graph (empty or not an ONNX model)")
+    return model, src
+
+
+# -- the op table -----------------------------------------------------------------------------------------------------
+
+ONNX, _op = op_table()   # op name -> lowering
+
+
+def _name(node) -> str:
+    return node.output[0]
+
+
+def _const_ints(em: Emitter, v, what: str) -> list[int]:
+    if not isinstance(v, Const):
+        raise em.unsupported(f"{what} is computed at run time; the IR needs it known at import time")
+    return [int(d) for d in np.asarray(v.value).reshape(-1)]
+
+
+@_op("Gemm")
+def _gemm(em, node, ins, at, opset):
+    a, b = ins[0], ins[1]
+    c = ins[2] if len(ins) > 2 else None
+    if at.get("transA", 0):
+        a = em.transpose(a, (1, 0), _name(node) + ".at")
+    if at.get("transB", 0):
+        b = em.transposed_weight(b, _name(node) + ".bt")
+    y = em.matmul(a, b, _name(node) + ".mm" if c is not None or at.get("alpha", 1.0) != 1.0 else _name(node))
+    y = em.scale(y, at.get("alpha", 1.0), _name(node) + ".alpha" if c is not None else _name(node))
+    return y if c is None else em.add(y, c, _name(node), alpha=float(at.get("beta", 1.0)))
+
+
+@_op("MatMul")
+def _matmul(em, node, ins, at, opset):
+    return em.matmul(ins[0], ins[1], _name(node))
+
+
+@_op("Add", "Sub")
+def _add(em, node, ins, at, opset):
+    return em.add(ins[0], ins[1], _name(node), alpha=-1.0 if node.op_type == "Sub" else 1.0)
+
+
+@_op("Mul")
+def _mul(em, node, ins, at, opset):
+    return em.mul(ins[0], ins[1], _name(node))
+
+
+@_op("Div")
+def _div(em, node, ins, at, opset):
+    d = em._uniform(ins[1])
+    if d is None:
+        raise em.unsupported("divides by a tensor; the IR divides only by a scalar constant (op 'scale')")
+    if d == 0:
+        raise em.unsupported("divides by zero")
+    return em.scale(ins[0], 1.0 / d, _name(node))
+
+
+@_op("Neg")
+def _neg(em, node, ins, at, opset):
+    return em.scale(ins[0], -1.0, _name(node))
+
+
+@_op("Relu")
+def _relu(em, node, ins, at, opset):
+    return em.node("relu", [ins[0]], _name(node))
+
+
+@_op("Gelu")
+def _gelu(em, node, ins, at, opset):
+    approx = at.get("approximate", "none")
+    if approx not in ("none", "tanh"):
+        raise em.unsupported(f"approximate={approx!r}")
+    return em.node("gelu", [ins[0]], _name(node), approximate=approx)
+
+
+@_op("Softmax")
+def _softmax(em, node, ins, at, opset):
+    x = ins[0]
+    s = em.shape(x)
+    if opset >= 13:
+        return em.softmax(x, int(at.get("axis", -1)), _name(node))
+    axis = int(at.get("axis", 1)) % max(len(s), 1)     # before opset 13: over all axes from `axis` on, jointly
+    flat = em.reshape(x, (math.prod(s[:axis]), math.prod(s[axis:])), _name(node) + ".flat")
+    y = em.softmax(flat, -1, _name(node) if flat is x else _name(node) + ".2d")
+    return em.reshape(y, s, _name(node))
+
+
+@_op("LayerNormalization")
+def _layernorm(em, node, ins, at, opset):
+    x = ins[0]
+    rank = len(em.shape(x))
+    axis = int(at.get("axis", -1))
+    if not -rank <= axis < rank:
+        raise em.unsupported(f"axis {axis} is out of range for rank {rank}")
+    n_axes = rank - axis % rank
+    y = em.layernorm(x, n_axes, ins[1], ins[2] if len(ins) > 2 else None, at.get("epsilon", 1e-5), _name(node))
+    return (y, Unavailable("layer norm's mean"), Unavailable("layer norm's inverse std"))
+
+
+@_op("Transpose")
+def _transpose(em, node, ins, at, opset):
+    rank = len(em.shape(ins[0]))
+    return em.transpose(ins[0], at.get("perm", list(reversed(range(rank)))), _name(node))
+
+
+@_op("Reshape")
+def _reshape(em, node, ins, at, opset):
+    x = ins[0]
+    src = em.shape(x)
+    want = _const_ints(em, ins[1], "the target shape")
+    if not at.get("allowzero", 0):
+        if any(d == 0 and i >= len(src) for i, d in enumerate(want)):
+            raise em.unsupported(f"shape {want} copies an axis that {src} does not have")
+        want = [src[i] if d == 0 else d for i, d in enumerate(want)]
+    if want.count(-1) > 1:
+        raise em.unsupported(f"shape {want} has more than one -1")
+    if -1 in want:
+        known = math.prod(d for d in want if d != -1)
+        if known == 0 or math.prod(src) % known:
+            raise em.unsupported(f"cannot reshape {src} into {want}")
+        want = [math.prod(src) // known if d == -1 else d for d in want]
+    return em.reshape(x, want, _name(node))
+
+
+@_op("Flatten")
+def _flatten(em, node, ins, at, opset):
+    s = em.shape(ins[0])
+    axis = int(at.get("axis", 1))
+    axis = axis + len(s) if axis < 0 else axis
+    return em.reshape(ins[0], (math.prod(s[:axis]), math.prod(s[axis:])), _name(node))
+
+
+@_op("Unsqueeze")
+def _unsqueeze(em, node, ins, at, opset):
+    s = list(em.shape(ins[0]))
+    axes = at["axes"] if opset < 13 else _const_ints(em, ins[1], "the axes")
+    rank = len(s) + len(axes)
+    for a in sorted(int(a) % rank for a in axes):
+        s.insert(a, 1)
+    return em.reshape(ins[0], s, _name(node))
+
+
+@_op("Squeeze")
+def _squeeze(em, node, ins, at, opset):
+    s = em.shape(ins[0])
+    if opset < 13:
+        axes = at.get("axes")
+    else:
+        axes = _const_ints(em, ins[1], "the axes") if len(ins) > 1 and ins[1] is not None else None
+    drop = {i for i, d in enumerate(s) if d == 1} if axes is None else {int(a) % len(s) for a in axes}
+    if any(s[i] != 1 for i in drop):
+        raise em.unsupported(f"squeezes an axis of size > 1 in {s}")
+    return em.reshape(ins[0], [d for i, d in enumerate(s) if i not in drop], _name(node))
+
+
+@_op("Concat")
+def _concat(em, node, ins, at, opset):
+    return em.concat([v for v in ins if v is not None], int(at["axis"]), _name(node))
+
+
+@_op("Identity")
+def _identity(em, node, ins, at, opset):
+    return ins[0]
+
+
+@_op("Dropout")
+def _dropout(em, node, ins, at, opset):
+    if len(ins) > 2 and ins[2] is not None:
+        if not isinstance(ins[2], Const) or bool(np.asarray(ins[2].value).reshape(-1)[0]):
+            raise em.unsupported("dropout in training mode")
+    return (ins[0], Unavailable("dropout's mask"))
+
+
+@_op("Cast")
+def _cast(em, node, ins, at, opset):
+    import onnx
+
+    if at.get("to") != onnx.TensorProto.FLOAT:
+        raise em.unsupported(f"casts to {onnx.TensorProto.DataType.Name(at.get('to', 0))}; the IR computes in "
+                             f"fp32 only")
+    return ins[0]
+
+
+@_op("Shape")
+def _shape(em, node, ins, at, opset):
+    s = em.shape(ins[0])
+    start, end = at.get("start", 0), at.get("end", len(s))
+    return Const(np.array(s[start:end], dtype=np.int64), _name(node))
+
+
+@_op("Size")
+def _size(em, node, ins, at, opset):
+    return Const(np.array(math.prod(em.shape(ins[0])), dtype=np.int64), _name(node))
+
+
+# -- GELU written out with Erf: 0.5 * x * (1 + erf(x / sqrt(2))), as exporters emit it before opset 20 ------------
+
+@dataclass(eq=False)
+class _ErfGelu(Unavailable):
+    """Part of the pattern: ``coef * (x if has_x else 1) * (one + erf(x / sqrt 2))``; any other use is an error."""
+
+    x: str = ""
+    coef: float = 1.0
+    has_x: bool = False
+    one: bool = False
+
+
+_PATTERN = "the GELU pattern 0.5 * x * (1 + erf(x / sqrt(2)))"
+
+
+def _erf_gelu(em: Emitter, node, op: str, ins: list):
+    """Follow the pattern node by node; emit ``gelu`` once it is complete."""
+    name = _name(node)
+    if op == "Erf":
+        src = em.producer.get(ins[0]) if isinstance(ins[0], str) else None
+        if src is None or src.op != "scale" or not math.isclose(src.attrs["factor"], 2 ** -0.5, rel_tol=1e-6):
+            raise em.unsupported(f"Erf is supported only inside {_PATTERN}")
+        return _ErfGelu(f"erf outside {_PATTERN}", x=src.inputs[0])
+    p = next(v for v in ins if isinstance(v, _ErfGelu))
+    other = ins[1] if ins[0] is p else ins[0]
+    k = em._uniform(other)
+    if op == "Add" and not (p.one or p.has_x) and p.coef == 1.0 and k is not None and math.isclose(k, 1.0) \
+            and np.broadcast_shapes(em.shape(p.x), em.shape(other)) == em.shape(p.x):
+        q = replace(p, one=True)
+    elif op == "Mul" and k is not None and em.shape(other) in ((), (1,)):
+        q = replace(p, coef=p.coef * k)
+    elif op == "Mul" and other == p.x and not p.has_x:
+        q = replace(p, has_x=True)
+    elif op == "Mul" and isinstance(other, str) and not p.has_x and em.producer.get(other) is not None \
+            and em.producer[other].op == "scale" and em.producer[other].inputs[0] == p.x:
+        q = replace(p, has_x=True, coef=p.coef * em.producer[other].attrs["factor"])
+    else:
+        raise em.unsupported(f"uses erf outside {_PATTERN}")
+    if q.has_x and q.one and math.isclose(q.coef, 0.5, rel_tol=1e-6):
+        return em.node("gelu", [q.x], name, approximate="none")
+    return q
+
+
+# -- the walk ---------------------------------------------------------------------------------------------------------
+
+def _attrs(onnx, node) -> dict[str, Any]:
+    out = {}
+    for a in node.attribute:
+        v = onnx.helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+class _Importer:
+    def __init__(self, onnx, model, src: str, name: str, input_shapes: dict):
+        self.onnx, self.model, self.src = onnx, model, src
+        self.em = Emitter(name)
+        self.input_shapes = {k: as_shape(v) for k, v in input_shapes.items()}
+        self.env: dict[str, Any] = {}
+        self.opset = max([o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] or [1])
+
+    def run(self) -> Graph:
+        g, em = self.model.graph, self.em
+        for init in g.initializer:
+            self.env[init.name] = Const(self.onnx.numpy_helper.to_array(init), init.name)
+        shapes = self._input_shapes()
+        for vi in g.input:
+            if vi.name not in self.env:
+                self.env[vi.name] = em.input(vi.name, shapes[vi.name])
+        inferred = self._infer(shapes)
+        for idx, node in enumerate(g.node):
+            op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            label = repr(node.name) if node.name else f"(unnamed, output {node.output[0]!r})" if node.output else ""
+            em.at(op, f"node #{idx} {label}".rstrip())
+            ins = []
+            for i in node.input:
+                if i and i not in self.env:
+                    raise ModelError(f"{self.src}: {em.op} at {em.where} reads {i!r}, which nothing defines")
+                ins.append(self.env[i] if i else None)
+            outs = self._node(node, op, ins)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            for o, v in zip(node.output, outs):
+                if o:
+                    em.check(v, inferred.get(o), repr(o))
+                    self.env[o] = v
+            for o in node.output[len(outs):]:
+                if o:
+                    self.env[o] = Unavailable(f"output {o!r}")
+        return em.finish([self.env[o.name] for o in g.output])
+
+    def _input_shapes(self) -> dict[str, tuple[int, ...]]:
+        g = self.model.graph
+        runtime = [vi for vi in g.input if vi.name not in self.env]
+        names = [vi.name for vi in runtime]
+        unknown = sorted(set(self.input_shapes) - set(names))
+        if unknown:
+            raise ModelError(f"{self.src}: input_shapes names {unknown}, which are not inputs of the model "
+                             f"(its inputs: {names})")
+        out = {}
+        for vi in runtime:
+            t = vi.type.tensor_type
+            if not vi.type.HasField("tensor_type"):
+                raise ModelError(f"{self.src}: input {vi.name!r} is not a tensor; only tensor inputs are supported")
+            if t.elem_type != self.onnx.TensorProto.FLOAT:
+                kind = self.onnx.TensorProto.DataType.Name(t.elem_type)
+                raise ModelError(f"{self.src}: input {vi.name!r} has element type {kind}; the IR takes float32 "
+                                 f"inputs only")
+            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+                    for d in t.shape.dim] if t.HasField("shape") else None
+            given = self.input_shapes.get(vi.name)
+            if given is not None:
+                if dims is not None and (len(given) != len(dims) or any(
+                        isinstance(d, int) and d != s for d, s in zip(dims, given))):
+                    raise ModelError(f"{self.src}: input_shapes[{vi.name!r}] = {given} does not fit the model's "
+                                     f"shape {tuple(dims)}")
+                out[vi.name] = given
+                continue
+            if dims is None or not all(isinstance(d, int) for d in dims):
+                shown = "unknown rank" if dims is None else str(tuple(dims))
+                example = {vi.name: tuple(d if isinstance(d, int) else 1 for d in (dims or [1]))}
+                raise ModelError(f"{self.src}: input {vi.name!r} has a dynamic shape {shown}; planforge tunes "
+                                 f"concrete shapes: pass input_shapes={example!r} (from_onnx / load_model)")
+            out[vi.name] = tuple(dims)
+        return out
+
+    def _infer(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """ONNX's own shapes for every value, with the inputs made concrete; used to check the lowering."""
+        onnx = self.onnx
+        m = onnx.ModelProto()
+        m.CopyFrom(self.model)
+        for vi in m.graph.input:
+            if vi.name in shapes:
+                t = vi.type.tensor_type
+                t.shape.Clear()
+                for d in shapes[vi.name]:
+                    t.shape.dim.add().dim_value = d
+        try:
+            m = onnx.shape_inference.infer_shapes(m, strict_mode=False)
+        except Exception as e:  # InferenceError: the model contradicts itself
+            raise ModelError(f"{self.src}: ONNX shape inference failed: {str(e).strip().splitlines()[0]}") from None
+        out = {}
+        for vi in [*m.graph.value_info, *m.graph.output]:
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                dims = vi.type.tensor_type.shape.dim
+                if all(d.HasField("dim_value") for d in dims):
+                    out[vi.name] = tuple(d.dim_value for d in dims)
+        return out
+
+    def _node(self, node, op: str, ins: list):
+        em = self.em
+        if node.domain not in ("", "ai.onnx"):
+            raise em.unsupported(f"custom domain {node.domain!r}")
+        if all(isinstance(v, Const) or v is None for v in ins) and op not in _RANDOM \
+                and not any(a.type in (self.onnx.AttributeProto.GRAPH, self.onnx.AttributeProto.GRAPHS)
+                            for a in node.attribute):
+            return self._fold(node, ins)
+        if op == "Erf" or any(isinstance(v, _ErfGelu) for v in ins):
+            return _erf_gelu(em, node, op, ins)
+        fn = ONNX.get(op)
+        if fn is None:
+            raise em.unsupported()
+        if any(isinstance(v, Unavailable) for v in ins):
+            em.ref(next(v for v in ins if isinstance(v, Unavailable)))
+        return fn(em, node, ins, _attrs(self.onnx, node), self.opset)
+
+    def _fold(self, node, ins):
+        """Evaluate a node whose inputs are all constants with ONNX's reference evaluator, at the model's opset."""
+        from onnx.reference import ReferenceEvaluator
+
+        opsets = {o.domain or "": o.version for o in self.model.opset_import}
+        feeds = {i: v.value for i, v in zip(node.input, ins) if i}
+        try:
+            outs = ReferenceEvaluator(node, opsets=opsets).run(None, feeds)
+        except Exception as e:
+            raise self.em.unsupported(f"could not evaluate it on constants: {type(e).__name__}: {e}") from None
+        hint = next((v.hint for v in ins if isinstance(v, Const)), node.output[0])
+        hint = hint if sum(isinstance(v, Const) for v in ins) == 1 else node.output[0]
+        return tuple(Const(np.asarray(o), hint) for o in outs)

@@ -1,0 +1,459 @@
+"""Import a PyTorch module into the IR through ``torch.export`` (extra ``torch``).
+
+``from_torch(module, example_inputs)`` exports the module in eval mode at the
+example inputs' shapes and maps the ATen graph op by op (the table is
+``ATEN`` below). If an op has no mapping, the program is lowered to the core
+ATen op set with ``run_decompositions()`` and mapped again, since a composite
+op may decompose into mapped ones; if that fails too, the error names the op
+as the module wrote it. Weights come from the exported program's parameters,
+buffers and constants; a linear weight is stored [K, N]. Ops whose operands
+are all known at import time are evaluated by torch itself and become
+constants.
+"""
+from __future__ import annotations
+
+import operator
+import os
+import re
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+from .frontend import Const, Emitter, ModelError, Unavailable, UnsupportedOp, _first_lines, need_module, op_table
+from .graph import Graph, GraphError
+
+
+def from_torch(module, example_inputs, name: str | None = None) -> Graph:
+    """Export ``module`` (a ``torch.nn.Module``) with ``torch.export`` at ``example_inputs`` and import it.
+
+    ``example_inputs``: a tensor or a sequence of tensors, the positional arguments of ``forward``;
+    their shapes become the graph's (concrete) shapes. The module is exported in eval mode and its
+    training flag restored afterwards. ``name`` defaults to the module's class name.
+    A ``torch.export.ExportedProgram`` may be passed instead of a module (``example_inputs`` is then unused).
+    """
+    torch = need_module("torch", "torch", "importing a PyTorch module")
+    if isinstance(module, torch.export.ExportedProgram):
+        return from_exported(module, name=name)
+    if not isinstance(module, torch.nn.Module):
+        raise ModelError(f"from_torch expects a torch.nn.Module or an ExportedProgram, got {type(module).__name__}")
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    args = tuple(example_inputs)
+    was_training = module.training
+    try:
+        ep = torch.export.export(module.eval(), args)
+    except Exception as e:  # export raises many kinds (UserError, Unsupported, TypeError from forward)
+        raise ModelError(f"torch.export could not capture {type(module).__name__}: {type(e).__name__}: "
+                         f"{_first_lines(str(e))}") from None
+    finally:
+        module.train(was_training)
+    return from_exported(ep, name=name or type(module).__name__)
+
+
+def from_exported(ep, input_shapes: dict[str, Sequence[int]] | None = None, name: str | None = None) -> Graph:
+    """Import a ``torch.export.ExportedProgram``.
+
+    ``input_shapes`` maps user input names (the names in ``ep.graph_signature``) to concrete shapes;
+    it is needed when the program was exported with dynamic sizes, and then the program is
+    re-exported at those shapes. ``name`` defaults to ``"exported"``.
+    """
+    name = name or "exported"
+    ep = _specialise(ep, input_shapes)
+    try:
+        return _Importer(ep, name).run()
+    except UnsupportedOp as first:
+        try:
+            with warnings.catch_warnings():      # torch's own deprecation noise, not the user's concern
+                warnings.simplefilter("ignore", FutureWarning)
+                core = ep.run_decompositions()
+        except Exception:
+            raise first from None
+        try:
+            return _Importer(core, name).run()
+        except GraphError:
+            raise first from None
+
+
+# -- shapes -----------------------------------------------------------------------------------------------------------
+
+def _user_inputs(ep) -> list:
+    from torch.export.graph_signature import InputKind
+
+    return [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+
+
+def _placeholder_vals(ep) -> dict[str, Any]:
+    return {n.name: n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"}
+
+
+def _is_static(shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def _specialise(ep, input_shapes):
+    """The program itself when its inputs are concrete, else re-exported at ``input_shapes``."""
+    import torch
+
+    vals = _placeholder_vals(ep)
+    users = [s.arg.name for s in _user_inputs(ep)]
+    dynamic = {n: vals[n].shape for n in users
+               if isinstance(vals.get(n), torch.Tensor) and not _is_static(vals[n].shape)}
+    if input_shapes is None:
+        if dynamic:
+            n, shp = next(iter(dynamic.items()))
+            axes = [i for i, d in enumerate(shp) if not isinstance(d, int)]
+            example = {k: tuple(1 if not isinstance(d, int) else d for d in vals[k].shape) for k in dynamic}
+            raise ModelError(f"input {n!r} has dynamic size(s) {tuple(str(d) for d in shp)} (axis "
+                             f"{', '.join(map(str, axes))}); planforge tunes concrete shapes: export with fixed-size "
+                             f"example inputs and no dynamic_shapes, or pass input_shapes={example!r}")
+        return ep
+    unknown = sorted(set(input_shapes) - set(users))
+    if unknown:
+        raise ModelError(f"input_shapes names {unknown}, which are not inputs of the exported program "
+                         f"(its inputs: {users})")
+    missing = [n for n in dynamic if n not in input_shapes]
+    if missing:
+        raise ModelError(f"inputs {missing} have dynamic sizes; give their shapes in input_shapes too")
+    shapes = {}
+    for n in users:
+        v = vals[n]
+        if not isinstance(v, torch.Tensor):
+            raise ModelError(f"input {n!r} is not a tensor ({type(v).__name__}); only tensor inputs are supported")
+        shp = tuple(int(d) for d in input_shapes.get(n, tuple(v.shape)))
+        if len(shp) != v.dim() or any(isinstance(d, int) and d != s for d, s in zip(v.shape, shp)):
+            raise ModelError(f"input_shapes[{n!r}] = {shp} does not fit the exported shape "
+                             f"{tuple(str(d) for d in v.shape)}")
+        shapes[n] = shp
+    if not dynamic:
+        return ep
+    args = tuple(torch.zeros(shapes[n], dtype=vals[n].dtype) for n in users)
+    try:
+        return torch.export.export(ep.module(), args)
+    except Exception as e:
+        raise ModelError(f"could not re-export the program at input_shapes {shapes}: {type(e).__name__}: "
+                         f"{_first_lines(str(e))}") from None
+
+
+# -- where is a node --------------------------------------------------------------------------------------------------
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
+
+
+def _where(node) -> str:
+    """``node 'sin' in module 'act' (MyAct) at model.py:12 in forward: `h = torch.sin(x)```."""
+    parts = [f"node {node.name!r}"]
+    stack = node.meta.get("nn_module_stack") or {}
+    if stack:
+        path, kind = list(stack.values())[-1]
+        if path:
+            parts.append(f"in module {path!r} ({getattr(kind, '__name__', kind)})")
+    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+    if frames:
+        import torch
+
+        lib = os.path.dirname(torch.__file__)
+        mine = [f for f in frames if not f[0].startswith(lib)] or frames
+        file, line, fn, code = mine[-1]
+        parts.append(f"at {file}:{line} in {fn}: `{code.strip()}`")
+    return " ".join(parts)
+
+
+# -- the op table -----------------------------------------------------------------------------------------------------
+
+ATEN, _op = op_table()   # op name -> lowering
+
+
+def _out_shape(node) -> tuple[int, ...]:
+    return tuple(int(d) for d in node.meta["val"].shape)
+
+
+@_op("linear")
+def _linear(em, node, a, kw):
+    x, w, b = (list(a) + [None, None])[:3]
+    b = kw.get("bias", b)
+    y = em.matmul(x, em.transposed_weight(w, node.name + ".w"), node.name if b is None else node.name + ".mm")
+    return y if b is None else em.add(y, b, node.name)
+
+
+@_op("addmm")
+def _addmm(em, node, a, kw):
+    c, x, w = a[:3]
+    beta, alpha = kw.get("beta", a[3] if len(a) > 3 else 1), kw.get("alpha", a[4] if len(a) > 4 else 1)
+    y = em.scale(em.matmul(x, w, node.name + ".mm"), alpha, node.name + ".alpha")
+    return em.add(y, c, node.name, alpha=float(beta))
+
+
+@_op("mm", "bmm", "matmul")
+def _matmul(em, node, a, kw):
+    return em.matmul(a[0], a[1], node.name)
+
+
+@_op("t", "numpy_T")
+def _t(em, node, a, kw):
+    rank = len(em.shape(a[0]))
+    return em.transpose(a[0], tuple(reversed(range(rank))), node.name)
+
+
+@_op("permute")
+def _permute(em, node, a, kw):
+    return em.transpose(a[0], a[1], node.name)
+
+
+@_op("transpose")
+def _transpose(em, node, a, kw):
+    rank = len(em.shape(a[0]))
+    d0, d1 = (int(d) % max(rank, 1) for d in a[1:3])
+    perm = list(range(rank))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return em.transpose(a[0], perm, node.name)
+
+
+@_op("view", "reshape", "_unsafe_view", "view_copy", "flatten", "unflatten", "unsqueeze", "squeeze",
+     "unsqueeze_copy", "squeeze_copy")
+def _reshape(em, node, a, kw):
+    return em.reshape(a[0], _out_shape(node), node.name)
+
+
+@_op("add", "sub", "rsub")
+def _add(em, node, a, kw):
+    x, y = a[0], a[1]
+    alpha = float(kw.get("alpha", a[2] if len(a) > 2 else 1))
+    kind = node.target.overloadpacket.__name__
+    if kind == "rsub":                  # y - alpha * x
+        return em.add(em.scale(x, -alpha, node.name + ".neg"), y, node.name)
+    return em.add(x, y, node.name, alpha=-alpha if kind == "sub" else alpha)
+
+
+@_op("mul")
+def _mul(em, node, a, kw):
+    return em.mul(a[0], a[1], node.name)
+
+
+@_op("div")
+def _div(em, node, a, kw):
+    if kw.get("rounding_mode") is not None:
+        raise em.unsupported(f"division with rounding_mode={kw['rounding_mode']!r}")
+    d = em._uniform(a[1])
+    if d is None:
+        raise em.unsupported("divides by a tensor; the IR divides only by a scalar (op 'scale')")
+    if d == 0:
+        raise em.unsupported("divides by zero")
+    return em.scale(a[0], 1.0 / d, node.name) if not isinstance(a[0], Const) else Const(a[0].value / d, a[0].hint)
+
+
+@_op("neg")
+def _neg(em, node, a, kw):
+    return em.scale(a[0], -1.0, node.name)
+
+
+@_op("relu")
+def _relu(em, node, a, kw):
+    return em.node("relu", [a[0]], node.name)
+
+
+@_op("gelu")
+def _gelu(em, node, a, kw):
+    approx = kw.get("approximate", a[1] if len(a) > 1 else "none")
+    if approx not in ("none", "tanh"):
+        raise em.unsupported(f"gelu approximate={approx!r}")
+    return em.node("gelu", [a[0]], node.name, approximate=approx)
+
+
+@_op("softmax", "_softmax")
+def _softmax(em, node, a, kw):
+    return em.softmax(a[0], int(kw.get("dim", a[1])), node.name)
+
+
+@_op("layer_norm")
+def _layer_norm(em, node, a, kw):
+    x, ns = a[0], a[1]
+    w = kw.get("weight", a[2] if len(a) > 2 else None)
+    b = kw.get("bias", a[3] if len(a) > 3 else None)
+    eps = kw.get("eps", a[4] if len(a) > 4 else 1e-5)
+    return em.layernorm(x, len(ns), w, b, eps, node.name)
+
+
+@_op("native_layer_norm")
+def _native_layer_norm(em, node, a, kw):
+    y = em.layernorm(a[0], len(a[1]), a[2], a[3], a[4], node.name)
+    return (y, Unavailable("layer norm's mean"), Unavailable("layer norm's reciprocal std"))
+
+
+@_op("cat", "concat")
+def _cat(em, node, a, kw):
+    return em.concat(list(a[0]), int(kw.get("dim", a[1] if len(a) > 1 else 0)), node.name)
+
+
+@_op("clone", "contiguous", "detach", "alias", "lift_fresh_copy", "detach_copy", "alias_copy")
+def _identity(em, node, a, kw):
+    return a[0]
+
+
+@_op("dropout", "feature_dropout")
+def _dropout(em, node, a, kw):
+    if kw.get("train", a[2] if len(a) > 2 else False):
+        raise em.unsupported("dropout in training mode (import the module in eval mode)")
+    return a[0]
+
+
+@_op("_to_copy", "to")
+def _to(em, node, a, kw):
+    import torch
+
+    if node.meta["val"].dtype != torch.float32:
+        raise em.unsupported(f"casts to {node.meta['val'].dtype}; the IR computes in fp32 only")
+    return a[0]
+
+
+@_op("expand", "slice", "expand_copy", "slice_copy")
+def _same_shape(em, node, a, kw):
+    if _out_shape(node) != em.shape(a[0]):
+        raise em.unsupported(f"{node.target.overloadpacket.__name__} from {em.shape(a[0])} to {_out_shape(node)}")
+    return a[0]
+
+
+# -- the walk ---------------------------------------------------------------------------------------------------------
+
+def _to_numpy(t) -> np.ndarray:
+    import torch
+
+    t = t.detach().cpu()
+    if t.is_floating_point() and t.dtype != torch.float64:
+        t = t.float()
+    return t.numpy().copy()
+
+
+class _Importer:
+    def __init__(self, ep, name: str):
+        self.ep, self.em = ep, Emitter(name)
+        self.env: dict[str, Any] = {}
+
+    def run(self) -> Graph:
+        import torch
+        from torch.export.graph_signature import InputKind, OutputKind
+
+        ep, em = self.ep, self.em
+        specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+        for s in ep.graph_signature.output_specs:
+            if s.kind not in (OutputKind.USER_OUTPUT,):
+                raise ModelError(f"the program's output {s.arg.name!r} is a {s.kind.name.lower()} (the module mutates "
+                                 f"{s.target!r} in forward); planforge imports pure inference functions only")
+        for node in ep.graph.nodes:
+            em.at(str(node.target), _where(node))
+            if node.op == "placeholder":
+                self.env[node.name] = self._placeholder(node, specs[node.name], InputKind)
+            elif node.op == "call_function":
+                v = self._call(node)
+                val = node.meta.get("val")
+                if isinstance(val, torch.Tensor) and not isinstance(v, (tuple, list)):
+                    em.check(v, tuple(val.shape), f"{node.name!r}")
+                self.env[node.name] = v
+            elif node.op == "output":
+                outs = node.args[0]
+                outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+                vals = []
+                for o in outs:
+                    if not isinstance(o, torch.fx.Node):
+                        raise ModelError(f"the module returns a non-tensor value {o!r}; only tensor outputs are "
+                                         f"supported")
+                    vals.append(self.env[o.name])
+                return em.finish(vals)
+            else:
+                raise UnsupportedOp(node.op, _where(node), "graph node kind not supported")
+        raise ModelError("the exported program has no output node")
+
+    def _placeholder(self, node, spec, InputKind):
+        import torch
+
+        ep = self.ep
+        if spec.kind == InputKind.USER_INPUT:
+            val = node.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                raise ModelError(f"input {node.name!r} is a {type(val).__name__}, not a tensor; only tensor inputs "
+                                 f"are supported (bind other arguments before exporting)")
+            if val.dtype != torch.float32:
+                raise ModelError(f"input {node.name!r} has dtype {val.dtype}; the IR takes float32 inputs only")
+            if not _is_static(val.shape):
+                raise ModelError(f"input {node.name!r} has dynamic shape {tuple(str(d) for d in val.shape)}; "
+                                 f"pass input_shapes")
+            return self.em.input(node.name, tuple(val.shape))
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            t = ep.state_dict.get(spec.target)
+            if t is None:
+                t = ep.constants.get(spec.target)
+            if not isinstance(t, torch.Tensor):
+                raise ModelError(f"{spec.kind.name.lower()} {spec.target!r} is not stored in the exported program")
+            return Const(_to_numpy(t), spec.target)
+        raise UnsupportedOp(f"{spec.kind.name.lower()} input", _where(node),
+                            "only tensor inputs, parameters, buffers and constants are supported")
+
+    def _args(self, node):
+        import torch
+
+        def conv(x):
+            if isinstance(x, torch.fx.Node):
+                return self.env[x.name]
+            if isinstance(x, (list, tuple)):
+                return type(x)(conv(y) for y in x)
+            return x
+        return conv(node.args), {k: conv(v) for k, v in node.kwargs.items()}
+
+    def _call(self, node):
+        import torch
+
+        args, kwargs = self._args(node)
+        if node.target is operator.getitem:
+            src, i = args
+            if not isinstance(src, (tuple, list)):
+                raise self.em.unsupported("indexes a tensor")
+            return src[i]
+        if not isinstance(node.target, torch._ops.OpOverload) or node.target.namespace != "aten":
+            raise self.em.unsupported("not an ATen op")
+        if self._foldable(node, args, kwargs):
+            return self._fold(node, args, kwargs)
+        fn = ATEN.get(node.target.overloadpacket.__name__)
+        if fn is None:
+            raise self.em.unsupported()
+        return fn(self.em, node, list(args), kwargs)
+
+    @staticmethod
+    def _leaves(x):
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                yield from _Importer._leaves(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                yield from _Importer._leaves(y)
+        else:
+            yield x
+
+    def _foldable(self, node, args, kwargs) -> bool:
+        import torch
+
+        for x in self._leaves((args, kwargs)):
+            if isinstance(x, Unavailable) or (isinstance(x, str) and x in self.em.shapes):
+                return False                      # a runtime value: not known at import time
+        return torch.Tag.nondeterministic_seeded not in node.target.tags
+
+    def _fold(self, node, args, kwargs):
+        """Evaluate an op whose operands are all constants with torch itself."""
+        import torch
+
+        def conv(x):
+            if isinstance(x, Const):
+                return torch.from_numpy(x.value.copy())
+            if isinstance(x, (list, tuple)):
+                return type(x)(conv(y) for y in x)
+            return x
+        hints = [x.hint for x in self._leaves(args) if isinstance(x, Const)]
+        hint = hints[0] if len(hints) == 1 else node.name
+        try:
+            out = node.target(*conv(args), **{k: conv(v) for k, v in kwargs.items()})
+        except Exception as e:
+            raise self.em.unsupported(f"could not evaluate it on constants: {type(e).__name__}: {e}") from None
+        if isinstance(out, torch.Tensor):
+            return Const(_to_numpy(out), hint)
+        if isinstance(out, (tuple, list)):
+            return tuple(Const(_to_numpy(o), hint) if isinstance(o, torch.Tensor) else o for o in out)
+        return out
