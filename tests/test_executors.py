@@ -195,3 +195,52 @@ def test_merge_refuses_a_missing_or_foreign_database(tmp_path):
     con.close()
     with pytest.raises(RecordsError, match="not planforge"):
         merge_records([other], tmp_path / "out.db")
+
+
+class TwoMachines:
+    """An executor whose two slots sit on different kinds of machine: odd submissions measure 10x slower."""
+
+    slots = 2
+
+    def __init__(self, table):
+        self.table, self.out, self.n = table, [], 0
+
+    def free(self):
+        return self.slots - len(self.out)
+
+    def pending(self):
+        return len(self.out)
+
+    def submit(self, cands):
+        from planforge.measure.executor import Done
+
+        for c in cands:
+            self.n += 1
+            slow = self.n % 2 == 0
+            t = self.table[c.fingerprint] * (10 if slow else 1)
+            self.out.append(Done(c, Outcome.measured([t]), "slow-box" if slow else "fast-box", "s", 0.0))
+
+    def poll(self, timeout=None):
+        out, self.out = self.out[::-1], []  # and out of order
+        return out
+
+
+def test_times_are_ranked_per_device_fingerprint():
+    task = load_workload("drill").tasks[0]
+    res = search_async(task.space, make_strategy("random", task.space, 2), TwoMachines(task.backend.table),
+                       Budget(evals=16), keep=4, default_target="fast-box")
+    assert set(res.by_target) == {"fast-box", "slow-box"}
+    for target, ranked in res.by_target.items():  # no list holds a time from the other machine
+        assert len(ranked) == 4
+        for e in ranked:
+            assert e.metric == task.backend.table[e.candidate.fingerprint] * (1 if target == "fast-box" else 10)
+    assert res.ranked is res.by_target["fast-box"]  # the driver's own kind of machine
+    assert res.evaluations == 16
+
+
+def test_ray_missing_is_a_clear_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(ExecutorError, match=r"pip install 'planforge\[ray\]'"):
+        make_executor("ray", load_workload("drill").tasks[0].backend)

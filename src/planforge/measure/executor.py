@@ -385,6 +385,11 @@ class RayExecutor:
                 self._idle.append(i)
                 self._ready.append(Done(c, o, target, self.info[i]["slot"], time.perf_counter() - t0, attempt))
             self._dispatch()
+        if self._queue and not self._actors:  # every slot lost and none could be replaced: the run goes on without
+            for c, attempt, t0 in self._queue:
+                self._ready.append(Done(c, _lost("no measurement slot left on the cluster", attempt), "?", "none",
+                                        time.perf_counter() - t0, attempt))
+            self._queue.clear()
         out, self._ready = self._ready, []
         return out
 
