@@ -22,8 +22,9 @@ def _graph_for(manifest: dict[str, Any]):
         return ZOO[manifest["workload"]]()
     if "file" in opts:
         from .ir import load_model
+        from .workloads.models import parse_shapes
 
-        return load_model(opts["file"])
+        return load_model(opts["file"], input_shapes=parse_shapes(opts.get("input_shapes", "")))
     raise PlanMismatch(f"spec workload {manifest['workload']!r} is not a graph plan (a zoo model or a model file); "
                        "only graph plans can be loaded and run")
 

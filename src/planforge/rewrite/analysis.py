@@ -17,7 +17,7 @@ from ..kernels.cpu import Problem
 from .egraph import EClassGraph, ENode
 
 EPI_OF_ACT = {"none": "bias", "relu": "bias_relu", "gelu:tanh": "bias_gelu"}
-VIEW_KINDS = {"reshape"}
+VIEW_KINDS = {"reshape", "pair"}  # no work at run time
 
 
 def _ints(s: str) -> tuple[int, ...]:

@@ -147,6 +147,7 @@ lowering = ruleset(
     rewrite(x.linear(w, b, s)).to(lib3("linear", s, x, w, b)),
     rewrite(x.linear(w, b, s)).to(tmpl3("linear", s, x, w, b)),
     rewrite(mlp(x, L)).to(fused_mlp(x, L)),
+    rewrite(x.pair(y)).to(lib2("pair", "", x, y)),  # several graph outputs: nothing to compute
 )
 
 # epilogue fusion: matmul + bias (+ activation) as one kernel

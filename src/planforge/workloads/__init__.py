@@ -48,7 +48,8 @@ def _convert(name: str, value: Any, annotation: Any, default: Any) -> Any:
 def load_workload(name: str, options: dict[str, Any] | None = None) -> Workload:
     """Build the built-in workload ``name`` with ``options`` (strings are converted to the option's type)."""
     if name not in WORKLOADS and name.lower().endswith(MODEL_SUFFIXES):
-        build = lambda memory_budget_mb=1024.0, seed=0: file_workload(name, memory_budget_mb, seed)  # noqa: E731
+        def build(memory_budget_mb: float = 1024.0, seed: int = 0, input_shapes: str = "") -> Workload:
+            return file_workload(name, memory_budget_mb, seed, input_shapes)
     elif name not in WORKLOADS:
         raise WorkloadError(f"unknown workload {name!r}; built-in workloads: {', '.join(sorted(WORKLOADS))}, "
                             f"or a model file ({', '.join(MODEL_SUFFIXES)})")

@@ -80,9 +80,27 @@ def zoo_workload(name: str, memory_budget_mb: float = 1024, seed: int = 0) -> Wo
     return graph_workload(ZOO[name](), name, memory_budget_mb=memory_budget_mb, seed=seed)
 
 
-def file_workload(path: str, memory_budget_mb: float = 1024, seed: int = 0) -> Workload:
+def parse_shapes(text: str) -> dict[str, tuple[int, ...]] | None:
+    """``"x=1x256;mask=1x32"`` -> {"x": (1, 256), "mask": (1, 32)} (None for an empty string)."""
+    if not text.strip():
+        return None
+    out = {}
+    for part in text.split(";"):
+        name, sep, dims = part.partition("=")
+        try:
+            out[name.strip()] = tuple(int(d) for d in dims.lower().replace(",", "x").split("x"))
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip() or not out.get(name.strip()):
+            raise ValueError(f"input shapes {text!r}: expected name=AxB[;name=CxD...], e.g. x=1x256")
+    return out
+
+
+def file_workload(path: str, memory_budget_mb: float = 1024, seed: int = 0, input_shapes: str = "") -> Workload:
+    """A model file (.onnx, .pt2); ``input_shapes`` fixes dynamic sizes, e.g. ``x=1x256``."""
     from ..ir import load_model
 
-    g = load_model(path)
-    return graph_workload(g, os.path.abspath(path), {"file": os.path.abspath(path)},
-                          memory_budget_mb=memory_budget_mb, seed=seed)
+    shapes = parse_shapes(input_shapes)
+    g = load_model(path, input_shapes=shapes)
+    opts = {"file": os.path.abspath(path), **({"input_shapes": input_shapes} if shapes else {})}
+    return graph_workload(g, os.path.abspath(path), opts, memory_budget_mb=memory_budget_mb, seed=seed)
