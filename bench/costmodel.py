@@ -95,6 +95,8 @@ def cpu_samples():
     prof = get_profile()
     for path in sorted(RESULTS.glob("funnel-*.json")):
         data = json.loads(path.read_text())
+        if "points" not in data:  # funnel-summary.json
+            continue
         p = Problem.from_json(data["problem"])
         full = TEMPLATES[p.op].space(p, limits(prof))
         pts = [(full.make(r["knobs"]), r["metric"]) for r in data["points"] if r["metric"] is not None]

@@ -64,10 +64,15 @@ def sample_points(space, n: int, seed: int) -> np.ndarray:
     return idx[np.sort(rng.choice(len(idx), size=n, replace=False))]
 
 
+def result_path(name: str, seed: int) -> Path:
+    """Seed 0's sample is ``funnel-<shape>.json``; another seed's, an independent one, ``...-s<seed>.json``."""
+    return RESULTS / (f"funnel-{name}.json" if seed == 0 else f"funnel-{name}-s{seed}.json")
+
+
 def measure(name: str, p: Problem, n: int, seed: int, chunk: int = 16) -> Path:
     prof = get_profile()
     space = TEMPLATES[p.op].space(p, limits(prof))
-    path = RESULTS / f"funnel-{name}.json"
+    path = result_path(name, seed)
     done = json.loads(path.read_text()) if path.exists() else {"points": []}
     have = {json.dumps(r["knobs"], sort_keys=True) for r in done["points"]}
     idx = sample_points(space, n, seed)
@@ -132,8 +137,8 @@ def funnel_on_sample(model, space, points: list[dict], top_k: float) -> dict:
     }
 
 
-def analyse(name: str, top_k: float) -> dict:
-    path = RESULTS / f"funnel-{name}.json"
+def analyse(name: str, top_k: float, seed: int = 0) -> dict:
+    path = result_path(name, seed)
     data = json.loads(path.read_text())
     prof = get_profile()
     if data["device"] != prof.fingerprint:
@@ -142,7 +147,8 @@ def analyse(name: str, top_k: float) -> dict:
     space = TEMPLATES[p.op].space(p, limits(prof))
     model = AnalyticModel.for_problem(p, space, prof)
     r = funnel_on_sample(model, space, data["points"], top_k)
-    r.update({"shape": name, "valid_space": data["valid"], "cross_product": data["space"]})
+    r.update({"shape": name if seed == 0 else f"{name} (seed {seed})", "valid_space": data["valid"],
+              "cross_product": data["space"]})
     return r
 
 
@@ -151,7 +157,7 @@ def main() -> None:
     ap.add_argument("--measure", action="store_true", help="measure (or extend) the samples first")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names (default: all)")
     ap.add_argument("--sample", type=int, default=400, help="points per GEMM sample (default 400)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="sample seed; seeds other than 0 write their own files")
     ap.add_argument("--top-k", type=float, default=0.1, help="fraction of the sample kept (default 0.1)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args()
@@ -159,7 +165,7 @@ def main() -> None:
     if a.measure:
         for name in names:
             measure(name, SHAPES[name], a.sample, a.seed)
-    out = [analyse(name, a.top_k) for name in names if (RESULTS / f"funnel-{name}.json").exists()]
+    out = [analyse(name, a.top_k, a.seed) for name in names if result_path(name, a.seed).exists()]
     for r in out:
         print(f"{r['shape']:>14}: sample {r['sample']} of {r['valid_space']} valid ({r['measured_ok']} ran); "
               f"capacity {r['capacity']}, top-k {r['top_k']}, roofline pruned {r['roofline_pruned']}, "
