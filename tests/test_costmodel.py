@@ -283,7 +283,8 @@ def test_auto_picks_model_guided_only_with_analytic_features():
     assert "model" in STRATEGIES
     assert make_strategy("auto", space, 0, budget=8, cost_model=m).name == "model"
     assert make_strategy("auto", space, 0, budget=10_000, cost_model=m).name == "exhaustive"
-    assert make_strategy("auto", space, 0, budget=8, cost_model=None).name == "genetic"
+    # without analytic features (a proxy table, a recorded space) auto leaves the choice to the others
+    assert make_strategy("auto", space, 0, budget=8, cost_model=None).name != "model"
 
 
 def test_model_guided_with_the_analytic_model_starts_from_its_best():
