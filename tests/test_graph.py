@@ -266,3 +266,34 @@ def test_onnx_file_through_tune_spec_run(tmp_path, cli):
 
     d = json.loads(cli("run", tmp_path / "out" / "spec.json", "--json", check=True).stdout)
     assert d["ok"] and d["outputs"] == [[1, 16]]
+
+
+def test_torch_module_through_tune_spec_run(tmp_path, cli):
+    torch = pytest.importorskip("torch")
+
+    class Policy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(24, 48)
+            self.b = torch.nn.Linear(48, 8)
+            self.ln = torch.nn.LayerNorm(48)
+
+        def forward(self, x):
+            return self.b(torch.nn.functional.gelu(self.ln(torch.relu(self.a(x))), approximate="tanh"))
+
+    torch.manual_seed(0)
+    m = Policy().eval()
+    x = torch.randn(1, 24)
+    path = tmp_path / "policy.pt2"
+    torch.export.save(torch.export.export(m, (x,)), path)
+    cli("tune", "--workload", path, "--budget", "3", "--out", tmp_path / "out", "--quiet", check=True, timeout=600)
+    import json
+
+    d = json.loads(cli("run", tmp_path / "out" / "spec.json", "--json", check=True).stdout)
+    assert d["ok"] and d["outputs"] == [[1, 8]]
+    import planforge
+
+    plan = planforge.load(tmp_path / "out" / "spec.json")
+    with torch.no_grad():
+        want = m(x).numpy()
+    assert np.allclose(plan(x.numpy()), want, atol=1e-4)

@@ -169,6 +169,7 @@ def summary_json(res: TuneResult) -> dict[str, Any]:
         d: dict[str, Any] = {
             "strategy": tr.strategy, "evaluations": r.evaluations, "duplicates": r.duplicates,
             "stop_reason": r.stop_reason, "counts": dict(r.counts), "curve": [[n, m] for n, m in r.curve],
+            "from_records": sum(t.cached for t in r.trials),  # outcomes a resumed run took instead of measuring
             "ranked": [{"rank": i, "latency_s": e.metric, "plan": e.candidate.as_dict()}
                        for i, e in enumerate(r.ranked, start=1)],
             "proxy_spearman": tr.proxy_spearman,

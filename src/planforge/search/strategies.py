@@ -317,13 +317,17 @@ def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = N
     """Build a strategy by name. ``auto`` is exhaustive when the valid space
     fits in ``budget``; otherwise model-guided (``model``) when ``cost_model``
     has features for a learned model (the CPU kernel tasks' analytic model),
-    and else the bandit portfolio with the settings of ``AUTO_PORTFOLIO``."""
+    genetic when seed candidates are given (``initial``: the extracted plans
+    of a graph), and else the bandit portfolio with the settings of
+    ``AUTO_PORTFOLIO``."""
     if name == "auto":
         try:
             fits = budget is not None and space.valid_size() <= budget
         except SpaceError:
             fits = False
-        name = "exhaustive" if fits else "model" if hasattr(cost_model, "features_of") else "bandit"
+        name = ("exhaustive" if fits else "model" if hasattr(cost_model, "features_of")
+                # seed plans (a graph's greedy and ILP extractions) start the genetic search's population
+                else "genetic" if options.get("initial") else "bandit")
         if name == "bandit":
             options = {**AUTO_PORTFOLIO, **options}
     if name not in STRATEGIES:
