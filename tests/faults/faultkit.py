@@ -32,7 +32,7 @@ def fault_workload(modes, profile, name="faults") -> Workload:
     t = fault_templates.template(modes)
     p = Problem("gemv", (64, 32))
     be = CpuBackend(p, t, profile, timing=ONCE, memory_limit=MEMORY_LIMIT,
-                    timeout=AdaptiveTimeout(factor=10, lo=2.0, hi=6.0))
+                    timeout=AdaptiveTimeout(factor=10, lo=5.0, hi=10.0))  # room for a fresh worker on a busy machine
     task = Task(key=name, space=t.space(p, None), backend=be)
     return Workload(Manifest(name, options={"modes": list(modes)}), [task])
 
