@@ -3,8 +3,12 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):  # keep `import planforge` light: the API loads on first use
-    if name == "load":
-        from .api import load
+    if name in ("load", "compile"):
+        from . import api
 
-        return load
+        return getattr(api, name)
+    if name == "tune":  # the module planforge.tune, callable as planforge.api.tune
+        import importlib
+
+        return importlib.import_module(f"{__name__}.tune")
     raise AttributeError(f"module 'planforge' has no attribute {name!r}")

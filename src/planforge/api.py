@@ -25,17 +25,20 @@ def _graph_for(manifest: dict[str, Any]):
         from .workloads.models import parse_shapes
 
         return load_model(opts["file"], input_shapes=parse_shapes(opts.get("input_shapes", "")))
-    raise PlanMismatch(f"spec workload {manifest['workload']!r} is not a graph plan (a zoo model or a model file); "
-                       "only graph plans can be loaded and run")
+    raise PlanMismatch(f"spec workload {manifest['workload']!r} is not a zoo model or a model file, so its weights "
+                       "are not known here: pass the graph (load(spec, graph=...)) or the module "
+                       "(planforge.compile(module, spec=...)); only graph plans can be loaded and run")
 
 
-def load(spec_path: str | os.PathLike, check_device: bool = True) -> "LoadedPlan":
+def load(spec_path: str | os.PathLike, check_device: bool = True, graph=None) -> "LoadedPlan":
     """The plan a spec describes, compiled for this machine, as a callable.
 
     The weights come from the workload the spec references (a zoo model or
-    model file); kernels are rebuilt from the spec's knobs (or taken from the
-    build cache). ``check_device`` (default True) refuses a spec tuned on
-    another machine: its times say nothing about this one."""
+    model file), or from ``graph`` when given (a graph imported from the module
+    the spec was tuned on, see ``planforge.compile``); kernels are rebuilt from
+    the spec's knobs (or taken from the build cache). ``check_device``
+    (default True) refuses a spec tuned on another machine: its times say
+    nothing about this one."""
     spec = load_spec(spec_path)
     task = spec["tasks"].get("graph")
     if task is None or "program" not in task:
@@ -48,7 +51,7 @@ def load(spec_path: str | os.PathLike, check_device: bool = True) -> "LoadedPlan
         if spec["target"]["fingerprint"] != here:
             raise PlanMismatch(f"{spec_path} was tuned on device {spec['target']['fingerprint']}, this machine is "
                                f"{here}; re-tune here (or pass check_device=False to run it anyway)")
-    graph = _graph_for(spec["manifest"])
+    graph = graph if graph is not None else _graph_for(spec["manifest"])
     want = {k: list(v) for k, v in graph.inputs.items()}
     if want != spec["manifest"]["shapes"]:
         raise PlanMismatch(f"{spec_path}: the workload's inputs {want} no longer match the spec's "
@@ -93,8 +96,10 @@ class LoadedPlan:
 
     def __call__(self, *inputs):
         torch_in = any(type(x).__module__.startswith("torch") for x in inputs)
+        # zero-copy: a CPU tensor's numpy view and np.asarray of an array share memory with the caller's
         arrays = [x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else np.asarray(x)
                   for x in inputs]
+        check_inputs(self.spec, self.graph, arrays)
         outs = self._fn(*arrays)
         if torch_in:
             import torch
@@ -102,3 +107,151 @@ class LoadedPlan:
             outs = [torch.from_numpy(np.ascontiguousarray(o)) for o in outs]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+
+
+_NUMPY_DTYPES = {"fp32": np.float32}
+
+
+def check_inputs(spec: dict, graph, arrays) -> None:
+    """Refuse inputs that do not match the spec's manifest (count, shapes, dtypes), naming the first mismatch."""
+    names = list(graph.inputs)
+    where = f"spec for {spec['manifest']['workload']!r}"
+    if len(arrays) != len(names):
+        raise PlanMismatch(f"{where} takes {len(names)} input(s) ({', '.join(names)}), got {len(arrays)}")
+    for name, a in zip(names, arrays):
+        want = tuple(spec["manifest"]["shapes"][name])
+        if tuple(a.shape) != want:
+            raise PlanMismatch(f"{where}: input {name!r} has shape {tuple(a.shape)}, the plan was tuned for {want}; "
+                               "re-tune for this shape (planforge.compile(..., retune=True))")
+        dt = spec["manifest"]["dtypes"].get(name, graph.dtype)
+        if a.dtype != _NUMPY_DTYPES.get(dt, a.dtype):
+            raise PlanMismatch(f"{where}: input {name!r} has dtype {a.dtype}, the plan was tuned for {dt}")
+
+
+def _is_torch_module(x) -> bool:
+    return any(c.__module__.startswith("torch.nn") and c.__name__ == "Module" for c in type(x).__mro__)
+
+
+def _as_tuple(example_inputs) -> tuple:
+    if example_inputs is None:
+        return ()
+    return tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+
+
+def _workload(workload_or_module, example_inputs, name: str | None, options: dict[str, Any] | None):
+    from .workloads import Workload, load_workload
+
+    if isinstance(workload_or_module, Workload):
+        return workload_or_module
+    if isinstance(workload_or_module, (str, os.PathLike)):
+        return load_workload(str(workload_or_module), options)
+    if _is_torch_module(workload_or_module) or type(workload_or_module).__name__ == "ExportedProgram":
+        try:
+            from .ir import from_torch
+        except ImportError as e:
+            raise ValueError(f"tuning a torch module needs planforge's torch importer, which this install lacks "
+                             f"({e})") from None
+        from .workloads.models import graph_workload
+
+        args = _as_tuple(example_inputs)
+        if not args and type(workload_or_module).__name__ != "ExportedProgram":
+            raise ValueError("tuning a torch module needs example_inputs (the tensors forward() takes; their shapes "
+                             "become the plan's shapes)")
+        graph = from_torch(workload_or_module, args, name=name)
+        opts = dict(options or {})
+        return graph_workload(graph, name or graph.name, **{k: opts[k] for k in ("memory_budget_mb", "seed")
+                                                             if k in opts})
+    raise TypeError(f"planforge.tune takes a workload name, a model file, a Workload or a torch.nn.Module, "
+                    f"got {type(workload_or_module).__name__}")
+
+
+def tune(workload_or_module, example_inputs=None, target: str = "cpu", budget: int = 64, strategy: str = "auto",
+         seed: int = 0, out: str | os.PathLike | None = None, time_budget: float | None = None, keep: int = 4,
+         options: dict[str, Any] | None = None, name: str | None = None, resume: bool = False):
+    """Tune a workload the way ``planforge tune`` does, from Python; returns a ``TuneResult``.
+
+    Parameters:
+        workload_or_module: a built-in workload name (``"policy-mlp"``, ``"gemm"``...), a model file
+            (.onnx, .pt2), a ``Workload``, or a ``torch.nn.Module`` (imported with
+            ``planforge.ir.from_torch`` at ``example_inputs``).
+        example_inputs: the module's positional inputs (a tensor or a tuple); needed for modules only.
+        target: where to tune; ``"cpu"`` (the default) is the target this build measures on.
+        budget: unique evaluations per task (default 64); ``time_budget``: wall seconds per task (default none).
+        strategy: a search strategy name or ``"auto"`` (default).
+        out: output folder for spec.json, run.json and report.html (default ``planforge-out/NAME``).
+        options: workload options, as ``--option key=value`` gives them.
+    The result has ``.spec`` (the spec as a dict), ``.spec_path``, ``.report_path`` and ``.plan``
+    (the chosen plan as a callable; graph workloads)."""
+    from .search import Budget
+    from .tune import tune as run_tune
+
+    if target != "cpu":
+        raise ValueError(f"target {target!r} is not available: this build tunes on 'cpu' (GPU targets need the "
+                         "gpu extra and a GPU backend)")
+    wl = _workload(workload_or_module, example_inputs, name, options)
+    out = Path(out) if out is not None else Path("planforge-out") / wl.name
+    call = f"planforge.tune({wl.name!r}, budget={budget}, strategy={strategy!r}, seed={seed})"
+    return run_tune(wl, strategy=strategy, budget=Budget(evals=budget, seconds=time_budget), seed=seed, keep=keep,
+                    out=out, resume=resume, command=call)
+
+
+class Compiled:
+    """What ``planforge.compile`` returns: call it like the module. The plan is loaded (or tuned) on first call."""
+
+    def __init__(self, module, example_inputs=None, spec: str | os.PathLike | None = None, retune: bool = False,
+                 check_device: bool = True, **tune_kwargs):
+        self.module, self.spec_path = module, Path(spec) if spec is not None else None
+        self.example_inputs = _as_tuple(example_inputs)
+        self.retune, self.check_device, self.tune_kwargs = retune, check_device, tune_kwargs
+        self.plan: LoadedPlan | None = None
+        self.result = None  # the TuneResult, when this object tuned
+
+    def _graph(self, args):
+        if _is_torch_module(self.module):
+            from .ir import from_torch
+
+            return from_torch(self.module, args)
+        return None
+
+    def _tune(self, args) -> None:
+        self.result = tune(self.module, args or None, **self.tune_kwargs)
+        if not self.result.ok or self.result.spec_path is None:
+            raise PlanMismatch(f"tuning {self.result.workload.name} found no valid plan")
+        self.spec_path = self.result.spec_path
+        self.plan = load(self.spec_path, self.check_device, graph=self._graph(args) if args else None)
+
+    def prepare(self, *args) -> LoadedPlan:
+        """Load (or tune) the plan for inputs ``args`` (default: the example inputs) without running it."""
+        args = args or self.example_inputs
+        if self.spec_path is None:
+            self._tune(args)
+            return self.plan
+        try:
+            self.plan = load(self.spec_path, self.check_device, graph=self._graph(args) if args else None)
+            if args:
+                arrays = [x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else np.asarray(x)
+                          for x in args]
+                check_inputs(self.plan.spec, self.plan.graph, arrays)
+        except PlanMismatch:
+            if not self.retune:
+                raise
+            self._tune(args)
+        return self.plan
+
+    def __call__(self, *args):
+        if self.plan is None:
+            self.prepare(*args)
+        return self.plan(*args)
+
+
+def compile(module, example_inputs=None, spec: str | os.PathLike | None = None, retune: bool = False,
+            check_device: bool = True, **tune_kwargs) -> Compiled:
+    """A callable running ``module``'s tuned plan, like ``torch.compile``.
+
+    With ``spec``, the plan it describes is loaded on first call (weights from
+    ``module``); a spec whose manifest does not match the inputs (shapes,
+    dtypes) or this machine is refused with ``PlanMismatch``, or re-tuned when
+    ``retune=True``. Without ``spec``, the first call tunes (``tune_kwargs``
+    go to ``planforge.tune``: budget, strategy, out...) at the shapes of
+    ``example_inputs``, or of the first call's inputs when none are given."""
+    return Compiled(module, example_inputs, spec, retune, check_device, **tune_kwargs)

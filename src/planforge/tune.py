@@ -87,6 +87,16 @@ class TuneResult:
     records_path: Path
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    report_path: Path | None = None  # OUT/report.html, rendered from OUT/run.json
+
+    @property
+    def plan(self):
+        """The chosen plan as a callable (``planforge.load`` of the spec); graph workloads only."""
+        if self.spec_path is None:
+            raise ValueError("this run wrote no spec (no output folder, or no valid finalist): nothing to load")
+        from .api import load
+
+        return load(self.spec_path, graph=getattr(self.workload.tasks[0].backend, "graph", None))
 
     @property
     def saved_s(self) -> float:
@@ -230,8 +240,14 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         spec = build_spec(workload, results, budget) if ok else None
         spec_path = write_spec(spec, out_path / "spec.json") if (spec and out_path) else None
         db.end_run(run_id, "done" if ok else "failed")
-        return TuneResult(workload, results, spec, spec_path, run_id, resumed, rec_path,
-                          time.perf_counter() - t0, notes)
+        res = TuneResult(workload, results, spec, spec_path, run_id, resumed, rec_path,
+                         time.perf_counter() - t0, notes)
+        if out_path is not None:  # run.json holds what the spec leaves out (wall times, trials); the report reads it
+            from .report.html import write_report
+            from .report.run import write_run
+
+            res.report_path = write_report(write_run(res, out_path, command).parent)
+        return res
     finally:
         db.close()
 
@@ -291,3 +307,18 @@ def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strateg
                            for i, (e, b) in enumerate(zip(ranked, lbs), start=1)]
     return TaskResult(task, result, walk, strat.describe(), rho, err, ranked, baselines,
                       screen.stages(result.evaluations, best), bound)
+
+
+class _Callable(type(os)):
+    """``planforge.tune(...)`` is the Python API's tune (``planforge.api.tune``), though ``planforge.tune``
+    is also this module: importing a submodule binds its name on the package, so the module is made callable."""
+
+    def __call__(self, *args, **kwargs):
+        from .api import tune as api_tune
+
+        return api_tune(*args, **kwargs)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _Callable

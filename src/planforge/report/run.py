@@ -1,0 +1,232 @@
+"""``run.json``: what a tuning run did, for the report.
+
+The spec keeps only what is reproducible (same seed, same bytes); wall times,
+the full trial list, the command line and the machine's profile vary from run
+to run, so they live here, next to ``spec.json``. ``planforge report DIR``
+renders ``DIR/run.json`` into ``DIR/report.html``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+RUN_VERSION = 1
+RUN_FILE = "run.json"
+
+
+class RunError(ValueError):
+    """A folder without a readable ``run.json``."""
+
+
+def _num(x: float | None) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def _graph_work(graph) -> tuple[float, float]:
+    """FLOPs and the bytes any plan must move (inputs, weights, outputs; fp32) of a whole graph."""
+    shapes = graph.shapes()
+    flops = 0.0
+    for n in graph.nodes:
+        out = math.prod(shapes[n.output])
+        if n.op in ("matmul", "linear"):
+            flops += 2.0 * out * shapes[n.inputs[0]][-1]
+        elif n.op not in ("transpose", "reshape", "concat"):
+            flops += out
+    moved = sum(math.prod(s) for s in graph.inputs.values()) + sum(math.prod(shapes[o]) for o in graph.outputs)
+    return flops, 4.0 * moved + float(graph.param_bytes())
+
+
+def task_work(task) -> dict[str, Any] | None:
+    """The task's useful FLOPs and compulsory bytes, when planforge can count them (None for table tasks)."""
+    b = task.backend
+    problem = getattr(b, "problem", None)
+    if problem is not None:
+        from ..kernels.cpu import flops, min_bytes
+
+        return {"flops": flops(problem), "bytes": min_bytes(problem)}
+    graph = getattr(b, "graph", None)
+    if graph is not None and hasattr(graph, "shapes"):
+        f, by = _graph_work(graph)
+        return {"flops": f, "bytes": by}
+    return None
+
+
+def _intensities(task, cands) -> list[float | None]:
+    """Per-candidate arithmetic intensity from the analytic model (FLOPs per byte from the slowest level)."""
+    est = getattr(task.cost_model, "estimate", None)
+    if est is None or not cands:
+        return [None] * len(cands)
+    try:
+        return [_num(float(v)) for v in est(cands).intensity]
+    except Exception:  # a model that cannot estimate these points: the task-level intensity is used
+        return [None] * len(cands)
+
+
+def task_run(tr, label) -> dict[str, Any]:
+    """One task's run data: trials with wall times, proxy scores, ranked, walk, libraries, funnel."""
+    r, t = tr.result, tr.task
+    trials = [x for x in r.trials]
+    measured = [x for x in trials if x.outcome.ok]
+    proxy: dict[str, float] = {}
+    if t.cost_model is not None and measured:
+        preds = t.cost_model.predict([x.candidate for x in measured])
+        proxy = {x.candidate.fingerprint: _num(float(p)) for x, p in zip(measured, preds)}
+    inten = dict(zip((x.candidate.fingerprint for x in measured), _intensities(t, [x.candidate for x in measured])))
+    rows = []
+    for x in trials:
+        o = x.outcome
+        fp = x.candidate.fingerprint
+        rows.append({"n": x.n, "wall_s": x.wall_s, "fingerprint": fp, "plan": x.candidate.as_dict(),
+                     "label": label(tr, x.candidate), "status": o.status, "category": o.category,
+                     "latency_s": o.metric, "spread": o.spread, "cached": x.cached,
+                     "message": o.message[:300], "proxy": proxy.get(fp), "intensity": inten.get(fp)})
+    ranked = tr.ranked or r.ranked
+    walk = tr.walk
+    rejected = list(walk.rejected) if walk else (list(tr.error.rejected) if tr.error else [])
+    d: dict[str, Any] = {
+        "weight": t.weight,
+        "strategy": tr.strategy,
+        "stop_reason": r.stop_reason,
+        "evaluations": r.evaluations,
+        "duplicates": r.duplicates,
+        "search_seconds": r.seconds,
+        "counts": dict(sorted(r.counts.items())),
+        "curve": [[n, m] for n, m in r.curve],
+        "space": {"size": t.space.size, "knobs": len(t.space.knobs)},
+        "trials": rows,
+        "ranked": [{"rank": i, "latency_s": e.metric, "fingerprint": e.candidate.fingerprint,
+                    "plan": e.candidate.as_dict(), "label": label(tr, e.candidate)}
+                   for i, e in enumerate(ranked, start=1)],
+        "remeasured": tr.ranked is not None and tr.ranked is not r.ranked,
+        "accepted_rank": walk.accepted.rank if walk else None,
+        "rejected": [{"rank": f.rank, "reasons": list(f.reasons)} for f in rejected],
+        "error": str(tr.error) if tr.error else None,
+        "baselines": {n: ({"latency_s": o.metric} if o.ok else {"failed": o.category, "message": o.message[:300]})
+                      for n, o in sorted(tr.baselines.items())},
+        "best_library": list(tr.best_library) if tr.best_library else None,
+        "ratio_vs_library": tr.ratio_vs_library,
+        "fallback": tr.fallback,
+        "selected_latency_s": tr.selected_latency,
+        "saved_s": tr.saved_s,
+        "proxy": ({"name": t.cost_model.name, "spearman": tr.proxy_spearman} if t.cost_model is not None else None),
+        "funnel": list(getattr(tr, "funnel", None) or []),
+        "info": {k: v for k, v in t.info.items() if k != "saturation"},
+        "work": task_work(t),
+        "accepted": None,
+    }
+    if walk:
+        d["accepted"] = {"rank": walk.accepted.rank, "latency_s": walk.accepted.metric,
+                         "fingerprint": walk.accepted.candidate.fingerprint, "plan": walk.accepted.candidate.as_dict(),
+                         "label": label(tr, walk.accepted.candidate), "peak_bytes": walk.accepted.peak_bytes}
+    return d
+
+
+def environment(res) -> dict[str, Any]:
+    from ..tune import toolchain
+
+    from importlib import metadata
+
+    tools = toolchain()
+    for dist in ("torch", "matplotlib", "jinja2"):  # from package metadata: importing torch costs seconds
+        try:
+            tools.setdefault(dist, metadata.version(dist))
+        except metadata.PackageNotFoundError:  # not installed: not part of this run's toolchain
+            pass
+    targets = {}
+    for t in res.workload.tasks:
+        b = t.backend
+        prof = getattr(b, "profile", None)
+        targets[t.key] = {"backend": getattr(b, "name", type(b).__name__), "fingerprint": getattr(b, "fingerprint", ""),
+                          "profile": prof.to_dict() if prof is not None and hasattr(prof, "to_dict") else None}
+    return {"toolchain": tools, "platform": platform.platform(), "machine": platform.machine(),
+            "targets": targets}
+
+
+def build_run(res, command: str = "") -> dict[str, Any]:
+    """The run data of a ``TuneResult`` as plain JSON values."""
+    from .. import __version__
+    from .summary import plan_label
+
+    return {
+        "run_version": RUN_VERSION,
+        "planforge_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": command,
+        "workload": res.workload.name,
+        "description": res.workload.description,
+        "manifest": {**res.workload.manifest.to_json(), "key": res.workload.manifest.key},
+        "run_id": res.run_id,
+        "resumed": res.resumed,
+        "ok": res.ok,
+        "notes": list(res.notes),
+        "search_seconds": res.seconds,
+        "saved_s_per_run": res.saved_s,
+        "break_even_runs": _num(res.break_even),
+        "spec": "spec.json" if res.spec_path else None,
+        "records": str(res.records_path),
+        "environment": environment(res),
+        "tasks": {tr.task.key: task_run(tr, plan_label) for tr in res.tasks},
+    }
+
+
+def write_run(res, out: str | os.PathLike, command: str = "") -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RUN_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(build_run(res, command), indent=1, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load_run(folder: str | os.PathLike) -> dict[str, Any]:
+    """``folder/run.json`` (``folder`` may also name the file); RunError with the reason otherwise."""
+    p = Path(folder)
+    path = p if p.is_file() else p / RUN_FILE
+    if not p.exists():
+        raise RunError(f"{p}: no such folder")
+    if not path.is_file():
+        raise RunError(f"{p} holds no {RUN_FILE}: it is not the output folder of a `planforge tune` run "
+                       f"(run `planforge tune --out {p}` first)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunError(f"{path}: not readable as JSON ({e})") from None
+    if not isinstance(data, dict) or "tasks" not in data or "run_version" not in data:
+        raise RunError(f"{path}: not a planforge run file (no run_version/tasks)")
+    if data["run_version"] > RUN_VERSION:
+        raise RunError(f"{path}: run file version {data['run_version']} is newer than this planforge "
+                       f"reads ({RUN_VERSION}); upgrade planforge")
+    return data
+
+
+def print_run_summary(run: dict[str, Any], console=None) -> None:
+    """A short terminal summary of run data (what ``planforge report`` prints next to the HTML)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .summary import fmt_count, fmt_time
+
+    con = console or Console()
+    con.print(f"[bold]{run['workload']}[/] ({run['description']}); run {run['run_id']}, {run['created']}"
+              + ("" if run["ok"] else " [red](failed)[/]"), highlight=False)
+    table = Table()
+    for col in ("task", "plan", "latency", "best library", "ratio", "fallback", "search"):
+        table.add_column(col)
+    for key, t in run["tasks"].items():
+        acc = t.get("accepted")
+        lib = t.get("best_library")
+        table.add_row(key, acc["label"] if acc else f"none: {t['error']}", fmt_time(acc["latency_s"]) if acc else "-",
+                      f"{lib[0]} {fmt_time(lib[1])}" if lib else "-",
+                      f"{t['ratio_vs_library']:.3f}" if t.get("ratio_vs_library") is not None else "-",
+                      t["fallback"]["to"] if t.get("fallback") else "none",
+                      f"{t['strategy'].get('name')}, {t['evaluations']} evals; stopped: {t['stop_reason']}")
+    con.print(table)
+    be = run.get("break_even_runs")
+    con.print(f"break-even: search took {run['search_seconds']:.3g} s, saves {fmt_time(run['saved_s_per_run'])} per "
+              f"run: pays back after {fmt_count(be if be is not None else math.inf)} runs", highlight=False)

@@ -1,0 +1,164 @@
+"""The HTML report, run.json, `planforge report` and `planforge spec diff`."""
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from planforge.report.html import render, write_report
+from planforge.report.run import RunError, load_run
+from planforge.search import Budget
+from planforge.spec.diff import diff_specs
+from planforge.spec import load_spec
+from planforge.tune import tune
+from planforge.workloads import load_workload
+
+EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", re.I)
+
+
+def _drill(out, seed=0, **kw):
+    return tune(load_workload("drill", {}), strategy="genetic", budget=Budget(evals=24), seed=seed, out=out, **kw)
+
+
+@pytest.fixture(scope="module")
+def drill_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("drill")
+    res = _drill(out, command="planforge tune --workload drill")
+    assert res.report_path == out / "report.html"
+    return out
+
+
+@pytest.fixture(scope="module")
+def cpu_dir(tmp_path_factory):
+    """A real CPU tuning run: a small GEMM measured on this machine, with numpy (and torch) beside it."""
+    out = tmp_path_factory.mktemp("gemm")
+    wl = load_workload("gemm", {"shape": "8,32,32"})
+    res = tune(wl, strategy="random", budget=Budget(evals=3), out=out)
+    assert res.ok
+    return out
+
+
+def test_tune_writes_run_json_and_report_and_keeps_the_spec_reproducible(drill_dir, tmp_path):
+    run = load_run(drill_dir)
+    t = run["tasks"]["mlp_layer"]
+    assert run["command"] == "planforge tune --workload drill" and run["spec"] == "spec.json"
+    ns = [x["n"] for x in t["trials"] if x["n"]]
+    assert ns == list(range(1, t["evaluations"] + 1))
+    walls = [x["wall_s"] for x in t["trials"]]
+    assert walls == sorted(walls) and walls[-1] > 0
+    assert t["stop_reason"] and t["accepted_rank"] == 3 and [r["rank"] for r in t["rejected"]] == [1, 2]
+    assert t["proxy"]["name"] and all(x["proxy"] is not None for x in t["trials"] if x["status"] == "measured")
+    assert run["environment"]["toolchain"]["planforge"] == run["planforge_version"]
+    # the spec leaves wall times out: a second identical run writes the same bytes
+    _drill(tmp_path, command="something else")
+    assert (tmp_path / "spec.json").read_bytes() == (drill_dir / "spec.json").read_bytes()
+    assert "wall_s" not in (tmp_path / "spec.json").read_text()
+
+
+def test_drill_report_html_has_plots_tables_and_nothing_external(drill_dir):
+    html = (drill_dir / "report.html").read_text()
+    assert not EXTERNAL.search(html) and "http://" not in html and "https://" not in html
+    for part in ("plot-curve-mlp_layer", "plot-proxy-mlp_layer", "plot-funnel-mlp_layer", "chosen-table",
+                 "environment-table", "Break-even"):
+        assert part in html, part
+    assert html.count("data:image/png;base64,") >= 3
+    # the walk: ranks 1 and 2 are rejected for fp16 accumulation, rank 3 accepted
+    assert html.count(">rejected</span>") == 2 and "fp16 accumulation" in html and ">accepted</span>" in html
+    assert "a table workload" in html  # the drill has no FLOP count: the roofline says why it is absent
+
+
+def test_a_failed_run_still_gets_a_report(tmp_path):
+    # proxy-topk with 3 evaluations measures only fp16 plans, which validation rejects
+    res = tune(load_workload("drill", {}), strategy="proxy-topk", budget=Budget(evals=3), keep=3, out=tmp_path)
+    assert not res.ok and not (tmp_path / "spec.json").exists()
+    html = res.report_path.read_text()
+    assert "no valid finalist" in html and html.count(">rejected</span>") == 3 and ">failed<" in html
+    assert load_run(tmp_path)["spec"] is None
+
+
+def test_cpu_report_has_roofline_and_library_ratio(cpu_dir):
+    run = load_run(cpu_dir)
+    (key, t), = run["tasks"].items()
+    assert t["work"]["flops"] > 0 and t["best_library"][0] in t["baselines"]
+    assert run["environment"]["targets"][key]["profile"]["peak_flops_all"] > 0
+    html = (cpu_dir / "report.html").read_text()
+    assert f"plot-roofline-{key}" in html and "no roofline" not in html and "tuned / library" in html
+    assert not EXTERNAL.search(html)
+
+
+def test_report_command_rerenders_and_refuses_a_folder_without_a_run(cli, drill_dir, tmp_path):
+    out = tmp_path / "again.html"
+    r = cli("report", drill_dir, "--out", out, check=True)
+    assert "mlp_layer" in r.stdout and out.read_text() == render(load_run(drill_dir))
+    r = cli("report", tmp_path)
+    assert r.returncode == 1 and "holds no run.json" in r.stderr
+    r = cli("report", tmp_path / "nowhere")
+    assert r.returncode == 1 and "no such folder" in r.stderr
+    (tmp_path / "run.json").write_text("{not json")
+    with pytest.raises(RunError, match="not readable as JSON"):
+        write_report(tmp_path)
+
+
+def test_spec_diff(cli, drill_dir, tmp_path):
+    spec = drill_dir / "spec.json"
+    r = cli("spec", "diff", spec, spec, check=True)
+    assert "no differences" in r.stdout
+    assert diff_specs(load_spec(spec), load_spec(spec)) == []
+    # another plan and a slower latency: both show, plan first, with the relative change
+    d = json.loads(spec.read_text())
+    t = d["tasks"]["mlp_layer"]
+    t["plan"]["w_layout"] = "row"
+    t["latency_s"] *= 1.5
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps(d, indent=2, sort_keys=True))
+    r = cli("spec", "diff", spec, changed)
+    assert r.returncode == 1, r.stderr
+    lines = [ln.strip() for ln in r.stdout.splitlines() if ln.strip().startswith("~")]
+    assert lines[0] == "~ tasks.mlp_layer.plan.w_layout: col -> row"
+    assert lines[1].startswith("~ tasks.mlp_layer.latency_s:") and lines[1].endswith("(+50.0%)")
+    r = cli("spec", "diff", spec, changed, "--json")
+    assert [c["path"] for c in json.loads(r.stdout)] == ["tasks.mlp_layer.plan.w_layout", "tasks.mlp_layer.latency_s"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    r = cli("spec", "diff", spec, bad)
+    assert r.returncode == 2 and "not valid JSON" in r.stderr
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _chromium(args, timeout=90):
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
+                              text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs Debian's chromium package)")
+@pytest.mark.parametrize("which", ["drill_dir", "cpu_dir"])
+def test_report_renders_in_headless_chromium(which, request, tmp_path):
+    folder = request.getfixturevalue(which)
+    url = (folder / "report.html").resolve().as_uri()
+    shot = tmp_path / "report.png"
+    p = _chromium([f"--screenshot={shot}", "--window-size=1280,4000", url])
+    assert shot.is_file() and shot.stat().st_size > 20_000, p.stderr[-2000:]
+    from PIL import Image
+
+    img = Image.open(shot).convert("L")
+    assert img.size == (1280, 4000)
+    lo, hi = img.getextrema()
+    assert hi - lo > 100  # not a blank page
+    dom = _chromium(["--dump-dom", url]).stdout
+    assert "<table" in dom and dom.count("data:image/png;base64,") >= 2 and "Chosen plan per task" in dom
+    assert not EXTERNAL.search(dom)
+    # every image decoded: a broken image would have no natural size, so check the PNGs themselves
+    import base64
+    import io
+
+    for b64 in re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", dom):
+        w, h = Image.open(io.BytesIO(base64.b64decode(b64))).size
+        assert w > 100 and h > 100
