@@ -95,6 +95,9 @@ def test_report_command_rerenders_and_refuses_a_folder_without_a_run(cli, drill_
     assert "mlp_layer" in r.stdout and out.read_text() == render(load_run(drill_dir))
     r = cli("report", tmp_path)
     assert r.returncode == 1 and "holds no run.json" in r.stderr
+    r = cli("tune", "--workload", "drill", "--budget", "4", "--out", tmp_path / "t", "--json", check=True)
+    assert json.loads(r.stdout)["report"] == str(tmp_path / "t" / "report.html")
+    assert (tmp_path / "t" / "report.html").is_file() and (tmp_path / "t" / "run.json").is_file()
     r = cli("report", tmp_path / "nowhere")
     assert r.returncode == 1 and "no such folder" in r.stderr
     (tmp_path / "run.json").write_text("{not json")

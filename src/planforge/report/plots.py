@@ -90,7 +90,8 @@ def funnel(task: dict[str, Any]) -> str | None:
     counts = [max(float(s["count"]), 0.5) for s in stages][::-1]
     ax.barh(names, counts, color="#2ca02c")
     for i, s in enumerate(stages[::-1]):
-        ax.annotate(f"{s['count']:,}", (counts[i], i), xytext=(4, 0), textcoords="offset points", va="center",
+        n = s["count"]
+        ax.annotate(f"{n:,}" if abs(n) < 10**12 else f"{float(n):.3g}", (counts[i], i), xytext=(4, 0), textcoords="offset points", va="center",
                     fontsize=8)
     if max(counts) / min(counts) > 50:
         ax.set_xscale("log")

@@ -160,6 +160,8 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
                   f"first plan measured ({fmt_time(first)}): pays back after {fmt_count(res.break_even)} runs")
     if res.spec_path:
         con.print(f"spec: [bold]{res.spec_path}[/]   records: {res.records_path}")
+    if res.report_path:
+        con.print(f"report: [bold]{res.report_path}[/] (plots, funnel, roofline, finalist walk; open in a browser)")
 
 
 def summary_json(res: TuneResult) -> dict[str, Any]:
@@ -198,6 +200,7 @@ def summary_json(res: TuneResult) -> dict[str, Any]:
         "search_seconds": res.seconds, "saved_s_per_run": res.saved_s,
         "break_even_runs": res.break_even if math.isfinite(res.break_even) else None,
         "spec": str(res.spec_path) if res.spec_path else None, "records": str(res.records_path), "tasks": tasks,
+        "report": str(res.report_path) if res.report_path else None,
     }
     if len(tasks) == 1:
         only = next(iter(tasks.values()))
