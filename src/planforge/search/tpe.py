@@ -9,11 +9,14 @@ this strategy keeps Optuna's model honest about planforge's space:
 - a proposal that breaks a restriction is told to Optuna as pruned (worse
   than every measured point) and costs no evaluation;
 - a proposal whose fingerprint was already proposed is not measured again:
-  Optuna is told the trial failed (so it does not count the point twice) and
-  is asked again;
-- after ``max_misses`` consecutive proposals that were invalid or repeated,
-  a random unproposed valid point is enqueued into the study instead, so the
-  search keeps moving when the model has collapsed onto what it knows;
+  Optuna is told its known result, as if measured again (pruned for a
+  failure; failed, i.e. ignored, while the first measurement is pending);
+- in both cases a random unproposed valid neighbour of the proposed point is
+  enqueued into the study and proposed instead, so the search stays where
+  the model points without asking it again and again (once TPE has
+  converged, nearly every proposal repeats a measured point);
+- when the point has no such neighbour ``max_misses`` times in a row, a
+  random unproposed valid point is enqueued instead;
 - a measured failure is told as pruned, a measurement as its metric.
 
 The strategy stops when every valid point has been proposed.
@@ -41,15 +44,16 @@ class TPE(Strategy):
     Parameters:
         n_startup: random trials before TPE models the results (default 10,
             Optuna's default).
-        max_misses: consecutive invalid or repeated proposals after which a
-            random valid point is enqueued instead (default 8).
+        max_misses: consecutive invalid or repeated proposals without an
+            unproposed neighbour after which a random valid point is enqueued
+            instead (default 2).
         multivariate: model the knobs jointly (default True).
         sampler_options: extra keyword arguments for ``optuna.samplers.TPESampler``.
     """
 
     name = "tpe"
 
-    def __init__(self, space: Space, seed: int = 0, n_startup: int = 10, max_misses: int = 8,
+    def __init__(self, space: Space, seed: int = 0, n_startup: int = 10, max_misses: int = 2,
                  multivariate: bool = True, sampler_options: dict[str, Any] | None = None, **kw):
         kw.setdefault("max_duplicates", 1_000_000)  # repeats are handled here, see max_misses
         super().__init__(space, seed, **kw)
@@ -71,6 +75,7 @@ class TPE(Strategy):
         self._pending: dict[str, Any] = {}
         self.misses = 0  # consecutive
         self.invalid = 0
+        self.replaced = 0
         self.injected = 0
         try:
             self._valid_count: int | None = len(space.valid_ints())
@@ -109,28 +114,42 @@ class TPE(Strategy):
             if c is None:
                 self._stop("space exhausted")
                 return None
-            self.study.enqueue_trial({k: c.index[i] for i, k in enumerate(self.space.names) if k in self._dists})
-            trial = self.study.ask(self._dists)
+            self._enqueue(c)
             self.injected += 1
             self.misses = 0
-            self._pending[c.fingerprint] = trial
             return c
         trial = self.study.ask(self._dists)
         c = self._candidate(trial.params)
         if not self.space.is_valid(c):
             self.study.tell(trial, state=self._state("PRUNED"))
             self.invalid += 1
-            self.misses += 1
-            return None
-        if c.fingerprint in self.proposed:
-            self.study.tell(trial, state=self._state("FAIL"))
-            self.misses += 1
+        elif c.fingerprint in self.proposed:
+            known = self.results.get(c.fingerprint)
+            if known is not None and known.ok:  # what re-measuring would say: the model weighs it again
+                self.study.tell(trial, known.metric)
+            else:
+                self.study.tell(trial, state=self._state("PRUNED" if known is not None else "FAIL"))
             self.duplicates += 1
             self.total_duplicates += 1
+        else:
+            self.misses = 0
+            self._pending[c.fingerprint] = trial
+            return c
+        # Where the model points is measured (or invalid): take an unproposed valid neighbour
+        # of that point instead, so the search stays where TPE wants it without asking again.
+        fresh = [n for n in self.space.neighbours(c) if n.fingerprint not in self.proposed]
+        if not fresh:
+            self.misses += 1
             return None
-        self.misses = 0
-        self._pending[c.fingerprint] = trial
-        return c
+        n = self.rng.choice(fresh)
+        self._enqueue(n)
+        self.replaced += 1
+        return n
+
+    def _enqueue(self, c: Candidate) -> None:
+        """Propose ``c`` through the study, so that Optuna records its parameters and result."""
+        self.study.enqueue_trial({k: c.index[i] for i, k in enumerate(self.space.names) if k in self._dists})
+        self._pending[c.fingerprint] = self.study.ask(self._dists)
 
     def ask(self, n: int = 1) -> list[Candidate]:
         out: list[Candidate] = []
@@ -153,7 +172,7 @@ class TPE(Strategy):
 
     def describe(self) -> dict:
         return {**super().describe(), "n_startup": self.n_startup, "max_misses": self.max_misses,
-                "multivariate": self.multivariate}
+                "multivariate": self.multivariate, "replaced": self.replaced, "injected": self.injected}
 
 
 STRATEGIES[TPE.name] = TPE
