@@ -71,8 +71,11 @@ class LoadedPlan:
         self.spec, self.graph = spec, graph
         self.fallback = task.get("fallback")
         program = task["program"]
+        self._signature = [(tuple(spec["manifest"]["shapes"][n]), np.dtype(np.float32)) for n in graph.inputs]
+        self._one = None
         if self.fallback:
             self._fn: Callable = numpy_forward(graph)
+            self._fast = self._fn
             self.plan = None
             return
         problems = {}
@@ -89,12 +92,25 @@ class LoadedPlan:
             libs[c] = str(b.path)
         self.plan = Plan(graph, program, libs, problems)
         self._fn = self.plan
+        self._fast = self.plan.run_on
+        if len(self._signature) == 1 and len(self.plan.output_classes) == 1:
+            self._one = (*self._signature[0], self.plan.single())
 
     @property
     def input_names(self) -> list[str]:
         return list(self.graph.inputs)
 
     def __call__(self, *inputs):
+        # the hot path (a batch-1 control loop): one array exactly as tuned, nothing to convert or check further
+        if len(inputs) == 1 and self._one is not None:
+            x = inputs[0]
+            if type(x) is np.ndarray and x.shape == self._one[0] and x.dtype == self._one[1]:
+                return self._one[2](x)
+        sig = self._signature
+        if len(inputs) == len(sig) and all(type(x) is np.ndarray and x.shape == shp and x.dtype == dt
+                                           for x, (shp, dt) in zip(inputs, sig)):
+            outs = self._fast(*inputs)
+            return outs[0] if len(outs) == 1 else tuple(outs)
         torch_in = any(type(x).__module__.startswith("torch") for x in inputs)
         # zero-copy: a CPU tensor's numpy view and np.asarray of an array share memory with the caller's
         arrays = [x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else np.asarray(x)

@@ -372,6 +372,35 @@ class Plan:
             f()
         return [o.copy() for o in self._out]
 
+    def run_on(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """``__call__`` for inputs already known to have the tuned shapes and dtype (no checks)."""
+        for (_, view), x in zip(self._in, inputs):
+            if view is not None:
+                view[...] = x
+        for f in self.steps:
+            f()
+        return [o.copy() for o in self._out]
+
+    def single(self) -> Callable[[np.ndarray], np.ndarray]:
+        """For a one-input, one-output plan: ``f(x) -> y`` with everything bound (no checks)."""
+        view = self._in[0][1]
+        out = self._out[0]
+        steps = tuple(self.steps)
+        if view is None:
+            def run(x):
+                for f in steps:
+                    f()
+                return out.copy()
+            return run
+
+        def run(x):
+            view[...] = x
+            for f in steps:
+                f()
+            return out.copy()
+
+        return run
+
     @property
     def peak_bytes(self) -> int:
         """Arena plus weights (and their packed copies): what the plan holds while it runs."""

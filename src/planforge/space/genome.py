@@ -38,26 +38,37 @@ def label(n: ENode, idx: int) -> str:
     return f"{n.op}({args})#{idx}" if args else f"{n.op}#{idx}"
 
 
-def knob_configs(space: Space, first: dict[str, Any], n: int, seed: int) -> list[dict[str, Any]]:
-    """``first`` (snapped to the space when it is not a valid point) then distinct random valid settings."""
+def knob_configs(space: Space, first: dict[str, Any], n: int, seed: int,
+                 rank: Callable[[list[Candidate]], list[float]] | None = None, pool: int = 20) -> list[dict[str, Any]]:
+    """Up to ``n`` distinct valid settings of a template node.
+
+    Without ``rank``: ``first`` (a careful default, snapped to the space) then
+    random ones. With ``rank`` (a cost model's predicted seconds): the ``n``
+    best predicted among ``first`` and ``pool * n`` random valid settings, best
+    first, so index 0 (what the extracted seed plans use) is the model's pick."""
     rng = random.Random(seed)
-    out: list[dict[str, Any]] = []
+    cands: list[Candidate] = []
     seen: set[str] = set()
     try:
         c = space.make({k.name: first.get(k.name, k.values[0]) for k in space.knobs})
         if space.is_valid(c):
-            out.append(c.as_dict())
+            cands.append(c)
             seen.add(c.fingerprint)
     except SpaceError:
         pass
-    for _ in range(n * 30):
-        if len(out) >= n:
+    want = n * pool if rank is not None else n
+    for _ in range(want * 30):
+        if len(cands) >= want:
             break
         c = space.sample(rng)
         if c.fingerprint not in seen:
             seen.add(c.fingerprint)
-            out.append(c.as_dict())
-    return out
+            cands.append(c)
+    if rank is not None and len(cands) > n:
+        scores = rank(cands)
+        order = sorted(range(len(cands)), key=lambda i: scores[i])
+        cands = [cands[i] for i in order[:n]]
+    return [c.as_dict() for c in cands[:n]]
 
 
 @dataclass
@@ -77,8 +88,10 @@ class Genome:
     @classmethod
     def build(cls, eg: EClassGraph, analysis: Analysis, allowed: Mapping[str, list[str]], fallback: Choice,
               knob_space: Callable[[Any], Space], defaults: Callable[[Any], dict],
-              configs_per_node: int = CONFIGS_PER_NODE) -> "Genome":
-        """``knob_space(problem)`` and ``defaults(problem)`` come from the kernel templates."""
+              configs_per_node: int = CONFIGS_PER_NODE,
+              ranker: Callable[[Any, Space], Callable | None] | None = None) -> "Genome":
+        """``knob_space(problem)`` and ``defaults(problem)`` come from the kernel templates;
+        ``ranker(problem, space)`` gives a cost model's ``predict`` for that node (or None)."""
         problems, configs = {}, {}
         for ns in allowed.values():
             for nid in ns:
@@ -86,7 +99,9 @@ class Genome:
                 if n.impl in ("tmpl", "fused"):
                     p = analysis.problem(n)
                     problems[nid] = p
-                    configs[nid] = knob_configs(knob_space(p), defaults(p), configs_per_node, zlib.crc32(nid.encode()))
+                    sp = knob_space(p)
+                    rank = ranker(p, sp) if ranker is not None else None
+                    configs[nid] = knob_configs(sp, defaults(p), configs_per_node, zlib.crc32(nid.encode()), rank)
         g = cls(eg, analysis, {c: list(v) for c, v in allowed.items()}, dict(fallback), problems, configs)
         g._make_space()
         return g

@@ -57,8 +57,16 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     t2 = time.perf_counter()
     i_choice, how = ilp(eg, costs, allowed)
     t3 = time.perf_counter()
+    def ranker(problem, space):
+        """The analytic roofline model of a kernel node ranks its knob settings (fused MLPs have none)."""
+        if isinstance(problem, tuple):
+            return None
+        from ..costmodel.analytic import AnalyticModel
+
+        return AnalyticModel.for_problem(problem, space, profile).predict
+
     genome = Genome.build(eg, a, allowed, g_choice, knob_space=partial(knob_space, lim=lim),
-                          defaults=partial(default_knobs, lim=lim))
+                          defaults=partial(default_knobs, lim=lim), ranker=ranker)
     seeds = [genome.candidate_of(i_choice), genome.candidate_of(g_choice)]
 
     def peak(c) -> int:
