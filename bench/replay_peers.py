@@ -279,6 +279,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write every score (and the curves) to this JSON file")
     ap.add_argument("--plot", type=Path, help="save best-so-far curves (PNG per space) in this folder")
     ap.add_argument("--markdown", type=Path, help="write the tables as Markdown to this file (for docs/benchmarks.md)")
+    ap.add_argument("--cheap-first", action="store_true", help="run the cheap strategies first (default: the slow)")
     ap.add_argument("--checkpoint", type=Path, help="append every finished run to this JSONL file and skip the runs "
                                                      "it already holds, so an interrupted benchmark resumes")
     args = ap.parse_args(argv)
@@ -306,7 +307,9 @@ def main(argv=None) -> int:
             KT_CACHES[r.label] = _kt_cache_for(r, tmp)
     jobs = [(kind, r.label, s, seed, args.budget) for kind, names in groups.items() if not unavailable.get(kind)
             for s in names for r in replays for seed in range(args.seeds)]
-    jobs.sort(key=lambda j: -COST.get((j[0], j[2]), 1))  # the slow ones first, so the pool ends together
+    # the slow ones first, so the pool ends together; or the cheap ones first, so that an interrupted run
+    # has every cheap comparison (and resumes with the slow ones from its checkpoint)
+    jobs.sort(key=lambda j: (1 if args.cheap_first else -1) * COST.get((j[0], j[2]), 1))
     out: list[tuple] = []
     done: set[tuple] = set()
     if args.checkpoint and args.checkpoint.exists():
