@@ -279,6 +279,7 @@ def probe(
     for note in prof.notes:
         err_console.print(f"[yellow]note:[/] {note}", highlight=False)
 
+
 @app.command("run")
 def run_spec(
     spec: Path = typer.Argument(..., help="A spec.json written by `planforge tune` on a model workload."),
@@ -322,7 +323,6 @@ def run_spec(
                           f"{fmt_time(t)} per call from Python (tuned plan: {fmt_time(res['tuned_latency_s'])})")
     if not res["ok"]:
         raise typer.Exit(1)
-
 
 
 @app.command()
