@@ -18,9 +18,9 @@ from ..kernels.cpu import Problem, Template, available_libraries
 from ..kernels.cpu.job import run_job
 from ..measure import AdaptiveTimeout, TimingConfig, Worker
 from ..outcome import Outcome
+from .base import LOG_LIMIT, measure_isolated
 from ..space import Candidate
 
-LOG_LIMIT = 4000
 
 
 @dataclass
@@ -70,23 +70,7 @@ class CpuBackend:
                        self.profile, self.timing.to_json(), self.seed, self.memory_limit, (t.factor, t.lo, t.hi))
 
     def _run(self, job: dict) -> Outcome:
-        r = self.worker.run(run_job, (job,), timeout=self.timeout())
-        if r.status == "crashed" and "SIGKILL" in r.message:
-            # a candidate does not SIGKILL itself: someone killed the worker (the OOM killer, an operator);
-            # try once more in a fresh worker before blaming the candidate
-            first = r.message
-            r = self.worker.run(run_job, (job,), timeout=self.timeout())
-            if r.status == "crashed" and "SIGKILL" in r.message:
-                return Outcome.invalid("runtime", f"measurement worker lost twice: {first}; then {r.message}")
-        if r.status == "ok":
-            v = r.value
-            if v["status"] == "ok":
-                self.timeout.observe(r.wall_s)
-                return Outcome.measured(v["times"])
-            return Outcome.invalid(v["status"], v["message"])
-        if r.status == "timeout":
-            return Outcome.invalid("timeout", r.message)
-        return Outcome.invalid("runtime", r.message[:LOG_LIMIT])
+        return measure_isolated(self.worker, run_job, job, self.timeout)
 
     def build(self, candidates: Sequence[Candidate]) -> list[str | Outcome]:
         """Library path per candidate, or the ``compile`` outcome that stopped it."""

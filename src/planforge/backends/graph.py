@@ -20,11 +20,11 @@ from ..kernels.cpu import TEMPLATES
 from ..kernels.cpu import mlp as mlp_template
 from ..measure import AdaptiveTimeout, TimingConfig, Worker, time_fn
 from ..outcome import Outcome
+from .base import LOG_LIMIT, measure_isolated
 from ..space import Candidate
 from .plan import Plan
 
 U32 = 2.0**-24
-LOG_LIMIT = 4000
 _prepared: dict[str, Any] = {}
 
 
@@ -158,16 +158,7 @@ class GraphBackend:
                 "program": program, "libs": libs, "problems": problems, "timing": self.timing.to_json()}
 
     def _run(self, job: dict) -> Outcome:
-        r = self.worker.run(run_plan_job, (job,), timeout=self.timeout())
-        if r.status == "ok":
-            v = r.value
-            if v["status"] == "ok":
-                self.timeout.observe(r.wall_s)
-                return Outcome.measured(v["times"])
-            return Outcome.invalid(v["status"], v["message"])
-        if r.status == "timeout":
-            return Outcome.invalid("timeout", r.message)
-        return Outcome.invalid("runtime", r.message[:LOG_LIMIT])
+        return measure_isolated(self.worker, run_plan_job, job, self.timeout)
 
     def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
         outs = []

@@ -125,9 +125,9 @@ def lib_step(kind: str, attr: str, ins: list[np.ndarray], out: np.ndarray) -> Ca
         def run():
             np.multiply(a, r2, out=t)
             erf(t, out=t)
-            t += 1.0
+            np.add(t, 1.0, out=t)
             np.multiply(a, t, out=out)
-            out *= 0.5
+            np.multiply(out, 0.5, out=out)
 
         return run
     red = tuple(a.shape[:-1]) + (1,)
@@ -256,7 +256,6 @@ class Plan:
                     semantic(s["args"][0], s["args"][1], [const[i] for i in s["inputs"]]), dtype=np.float32)
         self.constants = const
         # slots for every runtime value; reshape is a view of its input's slot
-        order = {s["cls"]: i for i, s in enumerate(program)}
         alias: dict[str, str] = {}
         slots: dict[str, Slot] = {}
         for i, s in enumerate(program):

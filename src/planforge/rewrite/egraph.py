@@ -9,16 +9,15 @@ is the one place that touches it.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from egglog import EGraph, String
+from egglog import EGraph
 
-from ..ir import Graph, GraphError
+from ..ir import Graph
 from . import lang
-from .lang import Layers, T
+from .lang import T
 
 
 class RewriteError(ValueError):

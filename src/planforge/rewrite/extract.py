@@ -10,7 +10,6 @@ workspace) exceeds a memory budget, cascading to nodes that depended on them.
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import numpy as np
