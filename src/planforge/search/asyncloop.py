@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 
 from ..outcome import Outcome
 from ..space import Candidate, Space
-from .loop import Budget, SearchResult, Trial
+from .loop import Budget, SearchResult, Tally, Trial
 from .ranked import Ranked
 from .strategies import Strategy
 
@@ -44,62 +44,41 @@ def search_async(space: Space, strategy: Strategy, executor, budget: Budget, kee
     are waited for and recorded: nothing measured is thrown away.
     """
     cache = cache or {}
-    t0 = time.perf_counter()
+    tally = Tally()
     by_target: dict[str, Ranked] = {}
-    seen: dict[str, Outcome] = {}
-    trials: list[Trial] = []
-    curve: list[tuple[int, float]] = []
-    counts: Counter = Counter()
     measured: Counter = Counter()  # measured outcomes per device fingerprint
-    evals = dups = idle = 0
+    dups = 0
     stop = ""
     exhausted = False
 
-    def emit(t: Trial, where: str) -> None:
-        trials.append(t)
+    def settle(c: Candidate, o: Outcome, cached: bool, where: str) -> tuple[Candidate, Outcome]:
+        t = tally.settle(c, o, cached)
         if on_done:
             on_done(t, where)
         elif on_trial:
             on_trial(t)
-
-    def settle(c: Candidate, o: Outcome, cached: bool, where: str) -> tuple[Candidate, Outcome]:
-        nonlocal evals, idle
-        seen[c.fingerprint] = o
-        if o.status == "rejected":
-            n = 0
-            counts["rejected"] += 1
-            idle += 1
-        else:
-            evals += 1
-            n = evals
-            idle = 0
-            counts["measured" if o.ok else o.category] += 1
-        t = Trial(n, c, o, cached, time.perf_counter() - t0)
-        emit(t, where)
         if o.ok:
             by_target.setdefault(where, Ranked(keep)).insert(o.metric, c, o)
-            if not curve or o.metric < curve[-1][1]:
-                curve.append((n, o.metric))
         return c, o
 
     while True:
         inflight = executor.pending()
         if not stop:
-            if budget.evals is not None and evals >= budget.evals:
+            if budget.evals is not None and tally.evals >= budget.evals:
                 stop = f"budget of {budget.evals} evaluations spent"
-            elif budget.seconds is not None and time.perf_counter() - t0 >= budget.seconds:
+            elif budget.seconds is not None and time.perf_counter() - tally.t0 >= budget.seconds:
                 stop = f"time budget of {budget.seconds:g} s spent"
-            elif target is not None and curve and curve[-1][1] <= target:
+            elif target is not None and tally.curve and tally.curve[-1][1] <= target:
                 stop = "reached the target metric"
-            elif idle >= max_idle:
-                stop = f"{idle} consecutive proposals gave no new evaluation"
+            elif tally.idle >= max_idle:
+                stop = f"{tally.idle} consecutive proposals gave no new evaluation"
             elif exhausted and not inflight:
                 stop = strategy.stop_reason or "strategy has nothing more to propose"
         if stop and not inflight:
             break
         want = 0 if (stop or exhausted) else executor.free()
         if budget.evals is not None:
-            want = min(want, budget.evals - evals - inflight)  # never ask for more than the budget can take
+            want = min(want, budget.evals - tally.evals - inflight)  # never ask for more than the budget can take
         if want > 0:
             cands = strategy.ask(want)
             if not cands:
@@ -107,13 +86,12 @@ def search_async(space: Space, strategy: Strategy, executor, budget: Budget, kee
             told: list[tuple[Candidate, Outcome]] = []
             fresh: list[Candidate] = []
             for c in cands:
-                if c.fingerprint in seen:
+                if c.fingerprint in tally.seen:
                     dups += 1
-                    idle += 1
-                    told.append((c, seen[c.fingerprint]))
+                    tally.idle += 1
+                    told.append((c, tally.seen[c.fingerprint]))
                 elif not space.is_valid(c):
-                    o = Outcome.rejected(f"violates: {'; '.join(space.violations(c.as_dict()))}")
-                    told.append(settle(c, o, False, default_target))
+                    told.append(settle(c, Tally.rejection(space, c), False, default_target))
                 elif c.fingerprint in cache:
                     told.append(settle(c, cache[c.fingerprint], True, default_target))
                 else:
@@ -135,8 +113,8 @@ def search_async(space: Space, strategy: Strategy, executor, budget: Budget, kee
             stop = "no measurement slot is left"
     main = default_target if default_target in by_target else max(measured, key=measured.get, default=None)
     ranked = by_target.get(main) or Ranked(keep)
-    res = SearchResult(trials, ranked, curve, stop, evals, dups + strategy.total_duplicates,
-                       time.perf_counter() - t0, counts)
+    res = SearchResult(tally.trials, ranked, tally.curve, stop, tally.evals, dups + strategy.total_duplicates,
+                       time.perf_counter() - tally.t0, tally.counts)
     res.by_target = by_target  # type: ignore[attr-defined]
     return res
 

@@ -55,6 +55,41 @@ class SearchResult:
         return next((t for t in self.trials if t.outcome.ok), None)
 
 
+class Tally:
+    """The bookkeeping every tuning loop does per outcome: evaluation numbers
+    (rejections are not evaluations), counts by category, the idle streak, the
+    best-so-far curve and the trial list, in arrival order."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.seen: dict[str, Outcome] = {}
+        self.trials: list[Trial] = []
+        self.curve: list[tuple[int, float]] = []
+        self.counts: Counter = Counter()
+        self.evals = self.idle = 0
+
+    def settle(self, c: Candidate, o: Outcome, cached: bool = False) -> Trial:
+        self.seen[c.fingerprint] = o
+        if o.status == "rejected":
+            n = 0
+            self.counts["rejected"] += 1
+            self.idle += 1
+        else:
+            self.evals += 1
+            n = self.evals
+            self.idle = 0
+            self.counts["measured" if o.ok else o.category] += 1
+        t = Trial(n, c, o, cached, time.perf_counter() - self.t0)
+        self.trials.append(t)
+        if o.ok and (not self.curve or o.metric < self.curve[-1][1]):
+            self.curve.append((n, o.metric))
+        return t
+
+    @staticmethod
+    def rejection(space: Space, c: Candidate) -> Outcome:
+        return Outcome.rejected(f"violates: {'; '.join(space.violations(c.as_dict()))}")
+
+
 def search(space: Space, strategy: Strategy, backend, budget: Budget, keep: int = 4,
            cache: Mapping[str, Outcome] | None = None, on_trial: Callable[[Trial], None] | None = None,
            batch: int = 1, max_idle: int = 10_000, target: float | None = None) -> SearchResult:
@@ -75,23 +110,28 @@ def search(space: Space, strategy: Strategy, backend, budget: Budget, keep: int 
             which nothing the search could still find would change its result.
     """
     cache = cache or {}
-    t0 = time.perf_counter()
+    tally = Tally()
     ranked = Ranked(keep)
-    seen: dict[str, Outcome] = {}
-    trials: list[Trial] = []
-    curve: list[tuple[int, float]] = []
-    counts: Counter = Counter()
-    evals = dups = idle = 0
+    dups = 0
     stop = ""
+
+    def settle(c: Candidate, o: Outcome, cached: bool = False) -> tuple[Candidate, Outcome]:
+        t = tally.settle(c, o, cached)
+        if on_trial:
+            on_trial(t)
+        if o.ok:
+            ranked.insert(o.metric, c, o)
+        return c, o
+
     while not stop:
-        elapsed = time.perf_counter() - t0
-        if budget.evals is not None and evals >= budget.evals:
+        elapsed = time.perf_counter() - tally.t0
+        if budget.evals is not None and tally.evals >= budget.evals:
             stop = f"budget of {budget.evals} evaluations spent"
             break
         if budget.seconds is not None and elapsed >= budget.seconds:
             stop = f"time budget of {budget.seconds:g} s spent"
             break
-        want = batch if budget.evals is None else min(batch, budget.evals - evals)
+        want = batch if budget.evals is None else min(batch, budget.evals - tally.evals)
         cands = strategy.ask(want)
         if not cands:
             stop = strategy.stop_reason or "strategy has nothing more to propose"
@@ -99,49 +139,23 @@ def search(space: Space, strategy: Strategy, backend, budget: Budget, keep: int 
         told: list[tuple[Candidate, Outcome]] = []
         fresh: list[Candidate] = []
         for c in cands:
-            if c.fingerprint in seen:  # the loop never measures a fingerprint twice
+            if c.fingerprint in tally.seen:  # the loop never measures a fingerprint twice
                 dups += 1
-                idle += 1
-                told.append((c, seen[c.fingerprint]))
+                tally.idle += 1
+                told.append((c, tally.seen[c.fingerprint]))
             elif not space.is_valid(c):
-                o = Outcome.rejected(f"violates: {'; '.join(space.violations(c.as_dict()))}")
-                seen[c.fingerprint] = o
-                told.append((c, o))
-                trials.append(Trial(0, c, o, False, time.perf_counter() - t0))
-                counts["rejected"] += 1
-                idle += 1
-                if on_trial:
-                    on_trial(trials[-1])
+                told.append(settle(c, Tally.rejection(space, c)))
             else:
                 fresh.append(c)
         todo = [c for c in fresh if c.fingerprint not in cache]
         measured = dict(zip((c.fingerprint for c in todo), backend.measure(todo))) if todo else {}
         for c in fresh:
             cached = c.fingerprint in cache
-            o = cache[c.fingerprint] if cached else measured[c.fingerprint]
-            seen[c.fingerprint] = o
-            if o.status == "rejected":
-                n = 0
-                counts["rejected"] += 1
-                idle += 1
-            else:
-                evals += 1
-                n = evals
-                idle = 0
-                counts["measured" if o.ok else o.category] += 1
-            t = Trial(n, c, o, cached, time.perf_counter() - t0)
-            trials.append(t)
-            if on_trial:
-                on_trial(t)
-            if o.ok:
-                ranked.insert(o.metric, c, o)
-                if not curve or o.metric < curve[-1][1]:
-                    curve.append((n, o.metric))
-            told.append((c, o))
+            told.append(settle(c, cache[c.fingerprint] if cached else measured[c.fingerprint], cached))
         strategy.tell(told)
-        if target is not None and curve and curve[-1][1] <= target:
+        if target is not None and tally.curve and tally.curve[-1][1] <= target:
             stop = "reached the target metric"
-        elif idle >= max_idle:
-            stop = f"{idle} consecutive proposals gave no new evaluation"
-    return SearchResult(trials, ranked, curve, stop, evals, dups + strategy.total_duplicates,
-                        time.perf_counter() - t0, counts)
+        elif tally.idle >= max_idle:
+            stop = f"{tally.idle} consecutive proposals gave no new evaluation"
+    return SearchResult(tally.trials, ranked, tally.curve, stop, tally.evals, dups + strategy.total_duplicates,
+                        time.perf_counter() - tally.t0, tally.counts)
