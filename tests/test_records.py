@@ -55,3 +55,40 @@ def test_newer_records_version_refused(tmp_path):
     con.close()
     with pytest.raises(RecordsError, match="newer planforge"):
         Records(p)
+
+
+V1_MEASUREMENTS = """CREATE TABLE measurements (
+    id INTEGER PRIMARY KEY, run_id TEXT NOT NULL REFERENCES runs(run_id), workload_key TEXT NOT NULL,
+    task TEXT NOT NULL, target TEXT NOT NULL, fingerprint TEXT NOT NULL, candidate TEXT NOT NULL,
+    status TEXT NOT NULL, category TEXT, metric REAL, times TEXT NOT NULL, message TEXT NOT NULL DEFAULT '',
+    evaluation INTEGER NOT NULL, created REAL NOT NULL, UNIQUE (run_id, task, fingerprint))"""
+
+
+def test_one_candidate_on_two_devices_and_version_1_upgraded(tmp_path):
+    p = tmp_path / "r.db"
+    db = Records(p)
+    run, _ = db.start_run("w", "k" * 16, {})
+    o = Outcome.measured([1e-6])
+    assert db.add(run, "k" * 16, "t", "dev-a", "fp1", {"a": 1}, o, 1)
+    assert db.add(run, "k" * 16, "t", "dev-b", "fp1", {"a": 1}, Outcome.measured([5e-6]), 1)  # another machine
+    assert not db.add(run, "k" * 16, "t", "dev-b", "fp1", {"a": 1}, o, 1)
+    assert db.outcomes(run, "t", "dev-b")["fp1"].metric == 5e-6 and db.outcomes(run, "t", "dev-a")["fp1"].metric == 1e-6
+    db.close()
+    # a version 1 database (one row per run, task and candidate) is upgraded in place, its rows kept
+    old = tmp_path / "v1.db"
+    con = sqlite3.connect(old)
+    con.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, workload TEXT NOT NULL, workload_key TEXT NOT NULL, "
+                "config_key TEXT NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL, started REAL NOT NULL, "
+                "finished REAL, command TEXT)")
+    con.execute(V1_MEASUREMENTS)
+    con.execute("INSERT INTO runs VALUES ('r1', 'w', 'kk', 'c', '{}', 'interrupted', 0, NULL, '')")
+    con.execute("INSERT INTO measurements VALUES (1, 'r1', 'kk', 't', 'dev-a', 'fp1', '{}', 'measured', NULL, 1e-6, "
+                "'[1e-06]', '', 1, 0)")
+    con.execute("PRAGMA user_version = 1")
+    con.commit()
+    con.close()
+    with Records(old) as db:
+        assert db.db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert [(r.target, r.fingerprint, r.outcome.times) for r in db.records()] == [("dev-a", "fp1", (1e-6,))]
+        assert db.add("r1", "kk", "t", "dev-b", "fp1", {}, o, 1)
+        assert db.count() == 2

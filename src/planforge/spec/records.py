@@ -19,9 +19,9 @@ from typing import Any, Iterator
 from ..outcome import Outcome
 from ..space import fingerprint_of
 
-USER_VERSION = 1
+USER_VERSION = 2  # 2: a measurement is unique per device fingerprint too (one candidate, two kinds of machine)
 
-_SCHEMA = """
+_RUNS = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
     workload TEXT NOT NULL,
@@ -32,8 +32,9 @@ CREATE TABLE IF NOT EXISTS runs (
     started REAL NOT NULL,
     finished REAL,
     command TEXT
-);
-CREATE TABLE IF NOT EXISTS measurements (
+)"""
+_MEASUREMENTS = """
+CREATE TABLE IF NOT EXISTS {name} (
     id INTEGER PRIMARY KEY,
     run_id TEXT NOT NULL REFERENCES runs(run_id),
     workload_key TEXT NOT NULL,
@@ -48,10 +49,9 @@ CREATE TABLE IF NOT EXISTS measurements (
     message TEXT NOT NULL DEFAULT '',
     evaluation INTEGER NOT NULL,   -- evaluation number in its run (0: rejected)
     created REAL NOT NULL,
-    UNIQUE (run_id, task, fingerprint)
-);
-CREATE INDEX IF NOT EXISTS measurements_by_task ON measurements (workload_key, task, target);
-"""
+    UNIQUE (run_id, task, target, fingerprint)
+)"""
+_INDEX = "CREATE INDEX IF NOT EXISTS measurements_by_task ON measurements (workload_key, task, target);"
 
 
 class RecordsError(RuntimeError):
@@ -99,8 +99,30 @@ class Records:
                                f"(tables: {', '.join(sorted(tables))})")
         if mode.lower() != "wal":
             raise RecordsError(f"{self.path}: could not switch to WAL journal mode (got {mode})")
-        self.db.executescript(_SCHEMA)
+        if version == 1 and "measurements" in tables:
+            self._upgrade_from_1()
+        for ddl in (_RUNS, _MEASUREMENTS.format(name="measurements"), _INDEX):
+            self.db.execute(ddl)
         self.db.execute(f"PRAGMA user_version = {USER_VERSION}")
+
+    def _upgrade_from_1(self) -> None:
+        """Version 1 held one measurement per (run, task, candidate): copy its rows into the version 2 table,
+        unique per device fingerprint as well. One transaction; a second process opening the same database
+        meanwhile waits, then finds it upgraded."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if db.execute("PRAGMA user_version").fetchone()[0] == 1:
+                db.execute(_MEASUREMENTS.format(name="measurements_v2"))
+                db.execute("INSERT INTO measurements_v2 SELECT * FROM measurements")
+                db.execute("DROP TABLE measurements")
+                db.execute("ALTER TABLE measurements_v2 RENAME TO measurements")
+                db.execute(_INDEX)
+                db.execute(f"PRAGMA user_version = {USER_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         self.db.close()
@@ -150,10 +172,12 @@ class Records:
              time.time()))
         return cur.rowcount == 1
 
-    def outcomes(self, run_id: str, task: str) -> dict[str, Outcome]:
-        """Outcomes recorded by ``run_id`` for ``task``, by candidate fingerprint."""
+    def outcomes(self, run_id: str, task: str, target: str | None = None) -> dict[str, Outcome]:
+        """Outcomes recorded by ``run_id`` for ``task`` (on device ``target``; default: any), by candidate
+        fingerprint."""
+        where, args = ("AND target=?", (target,)) if target is not None else ("", ())
         rows = self.db.execute("SELECT fingerprint, status, category, times, message FROM measurements "
-                               "WHERE run_id=? AND task=?", (run_id, task))
+                               f"WHERE run_id=? AND task=? {where}", (run_id, task, *args))
         return {fp: Outcome(st, cat, tuple(json.loads(times)), msg) for fp, st, cat, times, msg in rows}
 
     def records(self, **where: Any) -> Iterator[Record]:
@@ -181,7 +205,7 @@ def merge_records(inputs: list[str | os.PathLike], out: str | os.PathLike) -> di
     """Merge the records databases ``inputs`` into ``out`` (created if missing).
 
     A run and a measurement are identified as in one database (run id; run id,
-    task and candidate fingerprint), so merging the same database twice, or a
+    task, device and candidate fingerprint), so merging the same database twice, or a
     database with a copy of itself, adds nothing: merging is idempotent. A run
     that one input saw finish and another saw interrupted ends up finished.
     Each input is merged in one transaction. Returns the counts added."""
