@@ -58,16 +58,27 @@ class CpuBackend:
         return {"backend": self.name, "fingerprint": self.fingerprint, "template": self.template.name,
                 "problem": self.problem.to_json(), "timing": self.timing.to_json()}
 
+    @property
+    def _template_ref(self) -> str:
+        return f"{self.template.registry}:{self.template.name}"
+
     def _job(self, impl: str, knobs: dict | None = None, lib: str | None = None) -> dict:
         return {"problem": self.problem.to_json(), "seed": self.seed, "impl": impl, "knobs": knobs, "lib": lib,
-                "template": f"{self.template.registry}:{self.template.name}", "timing": self.timing.to_json()}
+                "template": self._template_ref, "timing": self.timing.to_json()}
 
     def factory(self):
         """A picklable ``f(cpus) -> CpuBackend`` measuring the same problem and
         template on whichever machine calls it (executors build one per slot)."""
         t = self.timeout
-        return partial(_remote_cpu_backend, self.problem.to_json(), f"{self.template.registry}:{self.template.name}",
+        return partial(_remote_cpu_backend, self.problem.to_json(), self._template_ref,
                        self.profile, self.timing.to_json(), self.seed, self.memory_limit, (t.factor, t.lo, t.hi))
+
+    def builder(self):
+        """A picklable ``f(candidates) -> [library path | compile Outcome]``
+        that compiles in whichever thread, process or node calls it, into that
+        node's build cache: the executors' build stage, so that a measuring
+        slot only measures (``measure_built``)."""
+        return partial(_build_on, self.problem.to_json(), self._template_ref)
 
     def _run(self, job: dict) -> Outcome:
         return measure_isolated(self.worker, run_job, job, self.timeout)
@@ -77,25 +88,20 @@ class CpuBackend:
         import time
 
         t0 = time.perf_counter()
-        knobs = [c.as_dict() for c in candidates]
-        try:
-            jobs = [(self.template.source(self.problem, k), self.template.openmp(k)) for k in knobs]
-        except (KeyError, ValueError, TypeError) as e:  # a template that cannot render these knobs
-            return [Outcome.invalid("compile", f"source generation failed: {e}") for _ in candidates]
-        out: list[str | Outcome] = []
-        for c, (built, err, log) in zip(candidates, build_many(jobs)):
-            if built is None:
-                out.append(Outcome.invalid("compile", f"{err}\n{log[:LOG_LIMIT]}"))
-            else:
-                self._libs[c.fingerprint] = str(built.path)
-                out.append(str(built.path))
+        out = build_libraries(self.problem, self.template, candidates)
+        for c, b in zip(candidates, out):
+            if not isinstance(b, Outcome):
+                self._libs[c.fingerprint] = b
         self.build_seconds += time.perf_counter() - t0
         return out
 
+    def measure_built(self, candidate: Candidate, lib: str) -> Outcome:
+        """Measure ``candidate`` from its already built library ``lib`` (from ``build`` or ``builder()``)."""
+        return self._run(self._job("kernel", candidate.as_dict(), lib))
+
     def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
         built = self.build(candidates)
-        return [b if isinstance(b, Outcome) else self._run(self._job("kernel", c.as_dict(), b))
-                for c, b in zip(candidates, built)]
+        return [b if isinstance(b, Outcome) else self.measure_built(c, b) for c, b in zip(candidates, built)]
 
     def baselines(self, libraries: Sequence[str] | None = None) -> dict[str, Outcome]:
         """Each library implementation of the same op on the same inputs, measured the same way."""
@@ -121,7 +127,7 @@ class CpuBackend:
                         failed[c.fingerprint] = b
                         continue
                     lib = b
-                o = self._run(self._job("kernel", c.as_dict(), lib))
+                o = self.measure_built(c, lib)
                 if o.ok:
                     times.setdefault(c.fingerprint, []).extend(o.times)
                 else:
@@ -139,6 +145,24 @@ class CpuBackend:
 
     def close(self) -> None:
         self.worker.close()
+
+
+def build_libraries(problem: Problem, template: Template, candidates: Sequence[Candidate]) -> list[str | Outcome]:
+    """Compile each candidate's source (through the content-addressed build
+    cache); the library path per candidate, or the ``compile`` outcome that
+    stopped it."""
+    try:
+        jobs = [(template.source(problem, k), template.openmp(k)) for k in (c.as_dict() for c in candidates)]
+    except (KeyError, ValueError, TypeError) as e:  # a template that cannot render these knobs
+        return [Outcome.invalid("compile", f"source generation failed: {e}") for _ in candidates]
+    return [Outcome.invalid("compile", f"{err}\n{log[:LOG_LIMIT]}") if built is None else str(built.path)
+            for built, err, log in build_many(jobs)]
+
+
+def _build_on(problem: dict, template: str, candidates: Sequence[Candidate]) -> list[str | Outcome]:
+    from ..kernels.cpu.job import template as find_template
+
+    return build_libraries(Problem.from_json(problem), find_template(template), candidates)
 
 
 def _remote_cpu_backend(problem: dict, template: str, profile, timing: dict, seed: int, memory_limit: int | None,

@@ -13,8 +13,10 @@ import ctypes
 import hashlib
 import os
 import shutil
+import re
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -88,7 +90,8 @@ def build(source: str, openmp: bool = False, extra_flags: Sequence[str] = (), cc
     with tempfile.TemporaryDirectory(prefix="pf-build-") as tmp:
         src = Path(tmp) / f"{key}.c"
         src.write_text(source)
-        tmp_lib = out_dir / f".{key}.{os.getpid()}.so"
+        # a name no other process or thread builds to (two build threads may compile the same source at once)
+        tmp_lib = out_dir / f".{key}.{os.getpid()}.{threading.get_ident()}.so"
         cmd = [path, *flags, str(src), "-o", str(tmp_lib), "-lm"]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -101,6 +104,29 @@ def build(source: str, openmp: bool = False, extra_flags: Sequence[str] = (), cc
             raise BuildError(f"compile failed: {first}", log)
         os.replace(tmp_lib, lib)
     return Built(lib, key, False)
+
+
+def artifact(path: str | os.PathLike) -> tuple[str, bytes]:
+    """A built library as (its cache file name, its bytes), to ship to another node's build cache (``install``)."""
+    p = Path(path)
+    return p.name, p.read_bytes()
+
+
+def install(name: str, data: bytes) -> Path:
+    """Put a library built on another node (``artifact``) into this node's build cache under the same
+    content-hash name, unless it is already there; returns its path. Written to a temporary name and renamed,
+    like a build, so a reader never sees half a file."""
+    if not re.fullmatch(r"[0-9a-f]{24}\.so", name):
+        raise ValueError(f"not a build cache name: {name!r}")
+    out_dir = cache_dir() / "build"
+    lib = out_dir / name
+    if lib.exists() and _looks_like_library(lib):
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{name}.{os.getpid()}.{threading.get_ident()}.part"
+    tmp.write_bytes(data)
+    os.replace(tmp, lib)
+    return lib
 
 
 def _looks_like_library(path: Path) -> bool:
