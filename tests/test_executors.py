@@ -1,7 +1,9 @@
 """Executors and the asynchronous loop without Ray: back-pressure, out-of-order results, pinning; records merge."""
+import json
 import os
 import sqlite3
 import time
+from collections import Counter
 from functools import partial
 
 import pytest
@@ -12,7 +14,7 @@ from planforge.measure.executor import CoreClaim, ExecutorError, LocalExecutor, 
 from planforge.outcome import Outcome
 from planforge.search import Budget, make_strategy, search
 from planforge.search.asyncloop import search_async
-from planforge.spec import Records
+from planforge.spec import Records, spec_filename
 from planforge.spec.records import merge_records
 from planforge.tune import tune
 from planforge.workloads import load_workload
@@ -198,44 +200,157 @@ def test_merge_refuses_a_missing_or_foreign_database(tmp_path):
 
 
 class TwoMachines:
-    """An executor whose two slots sit on different kinds of machine: odd submissions measure 10x slower."""
+    """An executor with a slot on each of two kinds of machine; the slow box measures 10x slower. Checks
+    that each submission names its kind and hands results back out of order."""
 
     slots = 2
 
     def __init__(self, table):
-        self.table, self.out, self.n = table, [], 0
+        self.table, self.out, self.sent = table, [], []
 
-    def free(self):
-        return self.slots - len(self.out)
+    def free_by_target(self):
+        busy = Counter(d.target for d in self.out)
+        return {t: 1 - busy[t] for t in ("fast-box", "slow-box")}
 
     def pending(self):
         return len(self.out)
 
-    def submit(self, cands):
+    def submit(self, cands, target=None):
         from planforge.measure.executor import Done
 
+        assert target in ("fast-box", "slow-box") and len(cands) <= 1
         for c in cands:
-            self.n += 1
-            slow = self.n % 2 == 0
-            t = self.table[c.fingerprint] * (10 if slow else 1)
-            self.out.append(Done(c, Outcome.measured([t]), "slow-box" if slow else "fast-box", "s", 0.0))
+            self.sent.append((target, c.fingerprint))
+            t = self.table[c.fingerprint] * (10 if target == "slow-box" else 1)
+            self.out.append(Done(c, Outcome.measured([t]), target, target, 0.0))
 
     def poll(self, timeout=None):
-        out, self.out = self.out[::-1], []  # and out of order
+        out, self.out = self.out[::-1], []
         return out
 
 
-def test_times_are_ranked_per_device_fingerprint():
+def test_each_device_fingerprint_gets_its_own_search():
     task = load_workload("drill").tasks[0]
-    res = search_async(task.space, make_strategy("random", task.space, 2), TwoMachines(task.backend.table),
-                       Budget(evals=16), keep=4, default_target="fast-box")
-    assert set(res.by_target) == {"fast-box", "slow-box"}
-    for target, ranked in res.by_target.items():  # no list holds a time from the other machine
-        assert len(ranked) == 4
-        for e in ranked:
+    ex = TwoMachines(task.backend.table)
+    res = search_async(task.space, lambda target: make_strategy("random", task.space, 2), ex, Budget(evals=16),
+                       keep=4, default_target="fast-box")
+    assert set(res.by_target) == {"fast-box", "slow-box"} and res is res.by_target["fast-box"]
+    for target, r in res.by_target.items():  # a whole budget each, no list holds a time from the other machine
+        assert r.evaluations == 16 and len(r.ranked) == 4
+        for e in r.ranked:
             assert e.metric == task.backend.table[e.candidate.fingerprint] * (1 if target == "fast-box" else 10)
-    assert res.ranked is res.by_target["fast-box"]  # the driver's own kind of machine
-    assert res.evaluations == 16
+    sent = Counter(ex.sent)
+    assert max(sent.values()) == 1  # never the same candidate twice to one kind of machine...
+    same = {fp for _, fp in ex.sent if sent[("fast-box", fp)] and sent[("slow-box", fp)]}
+    assert len(same) == 16  # ...but each candidate to both: the same seed proposes the same plans on each
+    with pytest.raises(ValueError, match="strategy per fingerprint"):
+        search_async(task.space, make_strategy("random", task.space, 2), TwoMachines(task.backend.table),
+                     Budget(evals=4))
+
+
+def _two_kinds_tune(tmp_path, name, seed=3, **kw):
+    from two_kinds import two_kinds_drill
+
+    wl = two_kinds_drill(tmp_path / f"kinds-{name}", delay_s=0.01)
+    return wl, tune(wl, strategy="random", budget=Budget(evals=10), seed=seed, out=tmp_path / name,
+                    executor={"kind": "local", "workers": 2}, **kw)
+
+
+def _check_per_kind(wl, res):
+    """Two specs, each ranking its own kind's times only, each kind's records complete."""
+    from two_kinds import kind_table
+
+    base = load_workload("drill").tasks[0].backend.table
+    kinds = {wl.tasks[0].backend.fingerprint: 0}
+    kinds.update({t: 1 for t in res.by_target if t not in kinds})
+    assert len(kinds) == 2 and res.target == wl.tasks[0].backend.fingerprint
+    assert set(res.specs) == set(kinds) and res.specs[res.target].name == "spec.json"
+    con = sqlite3.connect(res.records_path)
+    for target, kind in kinds.items():
+        table = kind_table(base, kind)
+        spec = json.loads(res.specs[target].read_text())
+        assert spec["target"]["fingerprint"] == target
+        assert res.specs[target].name == spec_filename(None if kind == 0 else target)
+        rows = con.execute("SELECT fingerprint, metric FROM measurements WHERE run_id=? AND target=? "
+                           "AND status='measured'", (res.run_id, target)).fetchall()
+        assert len(rows) == 10 and len({fp for fp, _ in rows}) == 10
+        assert all(m == table[fp] for fp, m in rows)
+        t = spec["tasks"]["mlp_layer"]
+        ranked = [(r["latency_s"], r["fingerprint"]) for r in t["ranked"]]
+        assert ranked == sorted((table[fp], fp) for fp, _ in rows)[:4]  # its own times, nothing else
+        assert t["latency_s"] == table[t["fingerprint"]] and t["search"]["evaluations"] == 10
+    both = con.execute("SELECT COUNT(*) FROM (SELECT fingerprint FROM measurements WHERE run_id=? "
+                       "GROUP BY fingerprint HAVING COUNT(DISTINCT target) = 2)", (res.run_id,)).fetchone()[0]
+    con.close()
+    assert both == 10  # the same candidates, measured once on each kind of machine
+    return {t: res.specs[t].read_text() for t in kinds}
+
+
+def test_heterogeneous_cluster_writes_a_spec_per_fingerprint(tmp_path):
+    from planforge.report import print_summary, summary_json
+    from rich.console import Console
+
+    wl, res = _two_kinds_tune(tmp_path, "a")
+    specs = _check_per_kind(wl, res)
+    a, b = (json.loads(x)["tasks"]["mlp_layer"]["fingerprint"] for x in specs.values())
+    assert a != b  # the library matmul is slow on kind 1: each kind picked its own best
+    import planforge
+    from two_kinds import two_kinds_drill
+
+    again = planforge.tune(two_kinds_drill(tmp_path / "kinds-b", delay_s=0.01), budget=10, strategy="random", seed=3,
+                           out=tmp_path / "b", executor={"kind": "local", "workers": 2})
+    assert {t: p.read_text() for t, p in again.specs.items()} == specs  # the same seed (and the Python API): the same
+    con = Console(record=True, width=200)
+    print_summary(res, con)
+    text = con.export_text()
+    assert all(str(p) in text for p in res.specs.values())
+    assert summary_json(res)["specs"] == {t: str(p) for t, p in res.specs.items()}
+
+
+def test_heterogeneous_run_resumes_per_fingerprint(tmp_path):
+    seen = []
+
+    def stop_after_8(task, trial):
+        seen.append(trial)
+        if len(seen) == 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _two_kinds_tune(tmp_path, "run", on_trial=stop_after_8)
+    wl, res = _two_kinds_tune(tmp_path, "run", resume=True)
+    assert res.resumed
+    for target, trs in res.by_target.items():  # each kind took its own records back, none measured twice
+        assert sum(t.cached for t in trs[0].result.trials) >= 1
+    specs = _check_per_kind(wl, res)
+    _, fresh = _two_kinds_tune(tmp_path, "fresh")
+    assert {t: p.read_text() for t, p in fresh.specs.items()} == specs  # as if never interrupted
+
+
+def test_builds_run_outside_the_measuring_slots(tmp_path, monkeypatch, profile):
+    from planforge.kernels.cpu import Problem
+    from planforge.workloads.kernels import kernel_workload
+
+    monkeypatch.setenv("PLANFORGE_CORE_LOCKS", str(tmp_path))
+    monkeypatch.setenv("PLANFORGE_CACHE", str(tmp_path / "cache"))  # every candidate compiled
+    task = kernel_workload(Problem("gemm", (8, 16, 16), "bias_relu"), profile=profile).tasks[0]
+    ex = LocalExecutor(task.backend, workers=2)
+    try:
+        assert ex.free_by_target() == {task.backend.fingerprint: 4}  # two slots, two more building meanwhile
+        cands = make_strategy("random", task.space, 0).ask(4)
+        ex.submit(cands)
+        done = []
+        while len(done) < 4:
+            done += ex.poll(30)
+        slots = [s["backend"] for s in ex.info]
+        measured_by = {s.worker.pid for s in slots}
+    finally:
+        ex.close()
+        task.backend.close()
+    assert all(d.outcome.ok and d.slot.startswith("local-") and d.build_s > 0 for d in done)
+    assert all(d.builder.startswith("planforge-build") and f"pid {os.getpid()}" in d.builder for d in done)
+    assert os.getpid() not in measured_by  # the slots' pinned measurement workers...
+    assert all(s.build_seconds == 0 and not s._libs for s in slots)  # ...never compiled anything
+    assert ex.seconds["build"] > 0 and ex.seconds["measure"] > 0
 
 
 def test_ray_missing_is_a_clear_error(monkeypatch):

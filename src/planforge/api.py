@@ -183,7 +183,8 @@ def _workload(workload_or_module, example_inputs, name: str | None, options: dic
 
 def tune(workload_or_module, example_inputs=None, target: str = "cpu", budget: int = 64, strategy: str = "auto",
          seed: int = 0, out: str | os.PathLike | None = None, time_budget: float | None = None, keep: int = 4,
-         options: dict[str, Any] | None = None, name: str | None = None, resume: bool = False):
+         options: dict[str, Any] | None = None, name: str | None = None, resume: bool = False,
+         executor: dict[str, Any] | None = None):
     """Tune a workload the way ``planforge tune`` does, from Python; returns a ``TuneResult``.
 
     Parameters:
@@ -196,8 +197,12 @@ def tune(workload_or_module, example_inputs=None, target: str = "cpu", budget: i
         strategy: a search strategy name or ``"auto"`` (default).
         out: output folder for spec.json, run.json and report.html (default ``planforge-out/NAME``).
         options: workload options, as ``--option key=value`` gives them.
+        executor: where measurements run, as ``--executor`` gives it: ``{"kind": "local", "workers": 4}`` or
+            ``{"kind": "ray", "address": "auto"}`` (default None: one local worker). Slots of several device
+            fingerprints tune each on its own and write a spec each (``.specs``).
     The result has ``.spec`` (the spec as a dict), ``.spec_path``, ``.report_path`` and ``.plan``
-    (the chosen plan as a callable; graph workloads)."""
+    (the chosen plan as a callable; graph workloads); ``.specs`` maps each device fingerprint tuned to its spec
+    file (``spec.json`` for this machine's)."""
     from .search import Budget
     from .tune import tune as run_tune
 
@@ -208,7 +213,7 @@ def tune(workload_or_module, example_inputs=None, target: str = "cpu", budget: i
     out = Path(out) if out is not None else Path("planforge-out") / wl.name
     call = f"planforge.tune({wl.name!r}, budget={budget}, strategy={strategy!r}, seed={seed})"
     return run_tune(wl, strategy=strategy, budget=Budget(evals=budget, seconds=time_budget), seed=seed, keep=keep,
-                    out=out, resume=resume, command=call)
+                    out=out, resume=resume, command=call, executor=executor)
 
 
 class Compiled:

@@ -15,7 +15,7 @@ from .costmodel.learned import history
 from .outcome import Outcome
 from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, Walk, make_strategy, search, walk_finalists
 from .search.asyncloop import search_on
-from .spec import Records, SCHEMA_VERSION, write_spec
+from .spec import Records, SCHEMA_VERSION, spec_filename, write_spec
 from .workloads import Task, Workload
 
 
@@ -88,6 +88,10 @@ class TuneResult:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     report_path: Path | None = None  # OUT/report.html, rendered from OUT/run.json
+    target: str = ""  # the device fingerprint of ``tasks`` and ``spec``
+    # every device fingerprint tuned (a heterogeneous cluster tunes each kind of machine), ``target`` included
+    by_target: dict[str, list[TaskResult]] = field(default_factory=dict)
+    specs: dict[str, Path] = field(default_factory=dict)  # the spec written per device fingerprint
 
     @property
     def plan(self):
@@ -174,13 +178,14 @@ def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
     return d
 
 
-def build_spec(workload: Workload, tasks: list[TaskResult], budget: Budget) -> dict[str, Any]:
+def build_spec(workload: Workload, tasks: list[TaskResult], budget: Budget, target: str | None = None) -> dict[str, Any]:
+    """The spec of ``tasks`` as tuned on device ``target`` (default: the first task's backend's)."""
     backend = tasks[0].task.backend
     return {
         "schema_version": SCHEMA_VERSION,
         "planforge_version": __version__,
         "manifest": {**workload.manifest.to_json(), "key": workload.manifest.key},
-        "target": {"backend": backend.name, "fingerprint": backend.fingerprint},
+        "target": {"backend": backend.name, "fingerprint": target or backend.fingerprint},
         "toolchain": toolchain(),
         "tasks": {tr.task.key: task_spec(tr, budget) for tr in tasks},
     }
@@ -206,6 +211,11 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         on_trial: called with each outcome as it arrives (progress display).
         executor: where measurements run: ``{"kind": "local"|"ray", **options}``
             (see ``planforge.measure.executor``); default None: one local worker.
+            Slots of several device fingerprints (a heterogeneous cluster) tune
+            each fingerprint on its own, with the whole ``budget`` each: the
+            driver's fingerprint (else the one with the most measurements)
+            gives ``out/spec.json``, every other one ``out/spec-FINGERPRINT.json``
+            (see ``planforge.spec.spec_filename``).
         funnel: run the L0 funnel before the search (default True): a task
             with an analytic model is searched among the capacity survivors'
             predicted top-k only, and a proposal whose roofline bound is
@@ -221,12 +231,12 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
     try:
         run_id, resumed = db.start_run(workload.name, workload.manifest.key, config, command, resume)
         notes = [] if resumed or not resume else ["nothing to resume with these settings: started a new run"]
-        results: list[TaskResult] = []
+        per_task: list[dict[str, TaskResult]] = []
         closers = [t.backend.close for t in workload.tasks if hasattr(t.backend, "close")]
         try:
             for task in workload.tasks:
-                results.append(_tune_task(db, run_id, workload, task, strategy, budget, seed, keep,
-                                          strategy_options or {}, on_trial, funnel, executor=executor))
+                per_task.append(_tune_task(db, run_id, workload, task, strategy, budget, seed, keep,
+                                           strategy_options or {}, on_trial, funnel, executor=executor))
         except KeyboardInterrupt:
             db.end_run(run_id, "interrupted")
             raise
@@ -236,12 +246,25 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         finally:
             for close in closers:
                 close()
+        main = next(iter(per_task[0]))
+        results = [d.get(main) or next(iter(d.values())) for d in per_task]
+        by_target: dict[str, list[TaskResult]] = {}
+        for d in per_task:
+            for where, tr in d.items():
+                by_target.setdefault(where, []).append(tr)
         ok = all(r.walk is not None for r in results)
-        spec = build_spec(workload, results, budget) if ok else None
-        spec_path = write_spec(spec, out_path / "spec.json") if (spec and out_path) else None
+        spec = build_spec(workload, results, budget, main) if ok else None
+        specs = {main: write_spec(spec, out_path / spec_filename())} if (spec and out_path) else {}
+        for where, trs in by_target.items():  # the other kinds of machine of a heterogeneous cluster
+            if where == main:
+                continue
+            if len(trs) < len(workload.tasks) or any(tr.walk is None for tr in trs):
+                notes.append(f"device {where}: no spec, not every task found a valid plan there")
+            elif out_path:
+                specs[where] = write_spec(build_spec(workload, trs, budget, where), out_path / spec_filename(where))
         db.end_run(run_id, "done" if ok else "failed")
-        res = TuneResult(workload, results, spec, spec_path, run_id, resumed, rec_path,
-                         time.perf_counter() - t0, notes)
+        res = TuneResult(workload, results, spec, specs.get(main), run_id, resumed, rec_path,
+                         time.perf_counter() - t0, notes, target=main, by_target=by_target, specs=specs)
         if out_path is not None:  # run.json holds what the spec leaves out (wall times, trials); the report reads it
             from .report.html import write_report
             from .report.run import write_run
@@ -253,36 +276,63 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
 
 
 def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strategy: str, budget: Budget,
-               seed: int, keep: int, options: dict[str, Any], on_trial, funnel: bool = True, executor: dict[str, Any] | None = None) -> TaskResult:
+               seed: int, keep: int, options: dict[str, Any], on_trial, funnel: bool = True,
+               executor: dict[str, Any] | None = None) -> dict[str, TaskResult]:
+    """Search ``task``; its result per device fingerprint tuned (one, but for a heterogeneous cluster), the
+    main one first."""
     if task.seeds:
         options = {**options, "initial": list(task.seeds)}
     screen = Funnel(task.cost_model if funnel else None, min_k=4 * (budget.evals or 16)).screen(task.space)
     space = screen.space
-    strat = make_strategy(strategy, space, seed, budget=budget.evals, cost_model=task.cost_model, **options)
-    cache = db.outcomes(run_id, task.key)
-    if hasattr(strat, "warm_start"):  # learned models start from this template's earlier runs on this device
-        strat.warm_start(history(db, task.backend.fingerprint, task.key, space.names, exclude_run=run_id))
-    done = [o.metric for o in cache.values() if o.ok]
-    backend = Screened(task.backend, screen, min(done) if done else None)
+    driver = task.backend.fingerprint
+    strategies: dict[str, Any] = {}
+
+    def strategy_for(target: str):
+        # each device fingerprint's search: the same strategy and seed, its own state
+        strat = strategies[target] = make_strategy(strategy, space, seed, budget=budget.evals,
+                                                   cost_model=task.cost_model, **options)
+        if hasattr(strat, "warm_start"):  # learned models start from this template's earlier runs on this device
+            strat.warm_start(history(db, target, task.key, space.names, exclude_run=run_id))
+        return strat
+
+    def cache_for(target: str):  # a resumed run takes each fingerprint's own outcomes
+        return db.outcomes(run_id, task.key, target)
 
     def record(trial: Trial, target: str | None = None) -> None:
         if not trial.cached:
-            db.add(run_id, workload.manifest.key, task.key, target or task.backend.fingerprint, trial.candidate.fingerprint,
+            db.add(run_id, workload.manifest.key, task.key, target or driver, trial.candidate.fingerprint,
                    trial.candidate.as_dict(), trial.outcome, trial.n)
         if on_trial:
             on_trial(task, trial)
 
     if executor and (executor.get("kind", "local") != "local" or executor.get("workers", 1) > 1):
         # slots measure in parallel; each outcome is recorded under the fingerprint of the device that measured it
-        result = search_on(executor, space, strat, task.backend, budget, keep=keep, cache=cache, on_done=record)
+        result = search_on(executor, space, strategy_for, task.backend, budget, keep=keep, cache=cache_for,
+                           on_done=record)
+        results = result.by_target or {driver: result}
     else:
+        strat = strategy_for(driver)
+        cache = cache_for(driver)
+        done = [o.metric for o in cache.values() if o.ok]
+        backend = Screened(task.backend, screen, min(done) if done else None)
         result = search(space, strat, backend, budget, keep=keep, cache=cache, on_trial=record)
+        results = {driver: result}
+    main = next(w for w, r in results.items() if r is result)
+    # (a cluster that had no slot at all made no strategy: describe the one it would have used)
+    return {w: _task_result(task, results[w], strategies.get(w) or strategy_for(w), screen, keep, here=w == driver)
+            for w in [main, *(w for w in results if w != main)]}
+
+
+def _task_result(task: Task, result: SearchResult, strat, screen, keep: int, here: bool) -> TaskResult:
+    """Finalists, libraries and the walk for one device fingerprint's search. Only times of this machine
+    (``here``) are re-measured and compared with its libraries: another kind of machine's ranking stands as
+    its search measured it."""
     rho = None
     if task.cost_model is not None:
         measured = [x for x in result.trials if x.outcome.ok]
         rho = spearman(task.cost_model.predict([x.candidate for x in measured]), [x.outcome.metric for x in measured])
     ranked, baselines = result.ranked, {}
-    if hasattr(task.backend, "remeasure") and len(ranked):
+    if here and hasattr(task.backend, "remeasure") and len(ranked):
         # re-measure the finalists and the libraries interleaved, then choose on those times
         cands = [e.candidate for e in ranked]
         outs, baselines = task.backend.remeasure(cands, rounds=FINALIST_ROUNDS)
@@ -290,7 +340,7 @@ def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strateg
         for c, o in zip(cands, outs):
             if o.ok:
                 ranked.insert(o.metric, c, o)
-    elif hasattr(task.backend, "baselines"):
+    elif here and hasattr(task.backend, "baselines"):
         baselines = task.backend.baselines()
     try:
         walk = walk_finalists(ranked, task.validators, task.peak_bytes)

@@ -1,6 +1,7 @@
 """A GEMV template whose ``mode`` knob plants one fault per candidate, for the fault-injection suite.
 
 ``slow`` sleeps on its first call in a worker process (so a kill lands mid-measurement);
+``sleepy`` sleeps 20 ms on every call (correct, and certainly not the fastest);
 ``oom`` allocates and touches memory until an allocation fails (the worker's
 RLIMIT_AS bounds it; without a limit it stops at 6 GiB and succeeds, which the
 suite would report as a fault not injected).
@@ -15,10 +16,12 @@ BODY = {
     **{k: faulty_templates.BODY[k] for k in ("ok", "crash", "hang", "wrong", "badsyntax")},
     "ok2": "y[j] = s + 0.0f;",
     "slow": "y[j] = s;",
+    "sleepy": "y[j] = s;",
     "oom": "y[j] = s;",
 }
 PROLOGUE = {
     "slow": "static int slept = 0; if (!slept) { slept = 1; usleep(1500000); }",
+    "sleepy": "usleep(20000);",
     "oom": "size_t total = 0; while (total < ((size_t)6 << 30)) { char *p = malloc(64 << 20); "
            "if (!p) { volatile int *q = (int *)0; *q = 1; } memset(p, 1, 64 << 20); total += 64 << 20; }",
 }

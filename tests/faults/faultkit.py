@@ -23,7 +23,7 @@ SUMMARY: list[str] = []
 ONCE = TimingConfig(warmup_s=0.0, budget_s=0.0, min_repeats=1, max_repeats=1)
 MEMORY_LIMIT = 1 << 30
 # what each planted fault must be recorded as
-EXPECTED = {"ok": "correct", "ok2": "correct", "slow": "correct", "crash": "runtime", "hang": "timeout",
+EXPECTED = {"ok": "correct", "ok2": "correct", "slow": "correct", "sleepy": "correct", "crash": "runtime", "hang": "timeout",
             "oom": "runtime", "badsyntax": "compile", "wrong": "correctness"}
 
 

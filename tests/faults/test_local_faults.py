@@ -35,6 +35,37 @@ def test_planted_faults_local_pool(tmp_path, profile, monkeypatch):
     assert missing == 0 and len(rows(db)) == len(modes)
 
 
+def test_compile_failure_never_reaches_a_measuring_slot(tmp_path, profile, monkeypatch):
+    from planforge.search import make_strategy
+
+    monkeypatch.setenv("PLANFORGE_CORE_LOCKS", str(tmp_path / "locks"))
+    monkeypatch.setenv("PLANFORGE_CACHE", str(tmp_path / "cache"))
+    modes = ["sleepy", "badsyntax", "ok"]
+    task = fault_workload(modes, profile).tasks[0]
+    ex = LocalExecutor(task.backend, workers=2)
+    try:
+        ex.submit(make_strategy("exhaustive", task.space).ask(3))
+        done = []
+        while len(done) < 3:
+            done += ex.poll(30)
+    finally:
+        ex.close()
+        task.backend.close()
+    got = {d.candidate["mode"]: d for d in done}
+    assert got["badsyntax"].outcome.category == "compile" and got["badsyntax"].slot == ""
+    assert got["badsyntax"].builder.startswith("planforge-build")
+    assert all(got[m].outcome.ok and got[m].slot.startswith("local-") for m in ("sleepy", "ok"))
+    # the same best plan and the same outcomes as the plain loop, which builds and measures in one step
+    best = {}
+    for name, executor in (("plain", None), ("pool", {"kind": "local", "workers": 2})):
+        db = tmp_path / f"{name}.db"
+        res = tune(fault_workload(modes, profile), strategy="exhaustive", budget=Budget(evals=3), seed=1,
+                   records=db, executor=executor)
+        best[name] = (res.tasks[0].walk.accepted.candidate["mode"], {m: c for m, (c, _) in categories(db).items()})
+    assert best["pool"] == best["plain"] and best["pool"][0] == "ok"
+    report("compile error kept off the measuring slots", 1, got["badsyntax"].slot == "", 0)
+
+
 def _kills(tmp_path, profile, kills):
     db = tmp_path / f"kill{kills}.db"
     res, killed, produced = run_with_kills(db, profile, kills, lambda be: LocalExecutor(be, workers=2),

@@ -1,6 +1,7 @@
 """Fault injection on the Ray executor (one local 2-CPU cluster for the module), and ray == local."""
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -87,6 +88,25 @@ def test_driver_killed_mid_run_then_resumed_on_ray(ray_address, tmp_path):
     report("driver SIGKILL + resume (ray)", 1, r.returncode == 0 and "(resumed)" in r.stdout, len(before) - kept)
     assert kept == len(before)
     assert len(after) == 20 and len({x[2] for x in after}) == 20 and len({x[0] for x in after}) == 1
+
+
+def test_heterogeneous_ray_cluster_tunes_per_fingerprint(ray_address, tmp_path):
+    """Two actors that are two kinds of machine (tests/two_kinds.py): a spec per kind, the same as locally."""
+    from two_kinds import two_kinds_drill
+
+    specs = {}
+    for kind in ("local", "ray"):
+        ex = {"kind": "ray", "address": ray_address, "slots": 2} if kind == "ray" else {"kind": "local", "workers": 2}
+        wl = two_kinds_drill(tmp_path / f"kinds-{kind}", delay_s=0.01)
+        res = tune(wl, strategy="random", budget=Budget(evals=8), seed=4, out=tmp_path / kind, executor=ex)
+        assert len(res.specs) == 2 and res.target == wl.tasks[0].backend.fingerprint
+        specs[kind] = {t: p.read_text() for t, p in res.specs.items()}
+        con = sqlite3.connect(res.records_path)
+        per = dict(con.execute("SELECT target, COUNT(DISTINCT fingerprint) FROM measurements GROUP BY target"))
+        con.close()
+        assert sorted(per.values()) == [8, 8]
+    assert specs["ray"] == specs["local"]
+    report("heterogeneous cluster, spec per fingerprint (ray)", 2, specs["ray"] == specs["local"], 0)
 
 
 def test_ray_gives_the_same_best_plan_as_local(ray_address, tmp_path):

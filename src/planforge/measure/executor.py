@@ -2,18 +2,31 @@
 this machine, the default) or ``ray`` (actors on a Ray cluster, ``pip install
 'planforge[ray]'``).
 
-Both follow one small protocol: ``submit(candidates)`` hands out work,
-``poll(timeout)`` returns whatever has finished since (in any order), and
-``free()`` says how many slots are idle, so the tuning loop asks its strategy
-for exactly that many candidates and a slow slot never holds the others up.
+Both follow one small protocol: ``submit(candidates, target)`` hands out work
+for the slots of one device fingerprint, ``poll(timeout)`` returns whatever
+has finished since (in any order), and ``free_by_target()`` says, per device
+fingerprint, how many more candidates it can take now, so the tuning loop asks
+each fingerprint's strategy for exactly that many and a slow slot never holds
+the others up. On a uniform cluster there is one fingerprint, and ``target``
+may be left out.
+
+A candidate goes through two stages. Builds (compiling, for backends with a
+``builder()``) run on a small pool of unpinned build workers: threads of the
+driver for ``local``, Ray tasks that reserve no CPU for ``ray``, which ship the
+built library to the measuring slot's node. A compile failure is a ``compile``
+outcome straight from the build stage: it never occupies a measuring slot.
+Measuring slots then only measure built candidates. A fingerprint takes
+``lookahead`` candidates beyond its slots (default: as many as it has slots
+when there is a build stage, none without), so that the next candidates build
+while the slots measure.
 
 A slot measures one candidate at a time and owns a backend instance built
 from the backend's picklable ``factory()``; on the CPU each slot claims a set
 of cores of its node (a lock file per core set, held while the slot lives)
 and pins its measurement worker to them, so two measurements never share a
 core. A slot that dies mid-measurement (its process killed, its node lost)
-costs that candidate one retry on another slot; a second loss records it as
-``runtime`` with the reason, and the run goes on.
+costs that candidate one retry on another slot of its fingerprint; a second
+loss records it as ``runtime`` with the reason, and the run goes on.
 
 Every result carries the device fingerprint of the slot that measured it:
 times from different fingerprints are never ranked together.
@@ -26,6 +39,8 @@ import queue
 import tempfile
 import threading
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
@@ -38,14 +53,17 @@ MAX_ATTEMPTS = 2  # a candidate whose slot dies is tried once more elsewhere
 
 
 class ExecutorError(RuntimeError):
-    """An executor that cannot start (Ray missing, no cluster at the address, a backend that cannot be copied)."""
+    """An executor that cannot start (Ray missing, no cluster at the address, a backend that cannot be copied),
+    or work for a device fingerprint it has no slot of."""
 
 
 @dataclass(frozen=True)
 class Done:
-    """One finished candidate: its outcome, the device fingerprint of the slot
-    that measured it (``target``), the slot's name, seconds from submit to
-    result, and how many slots it took (2 after a lost slot)."""
+    """One finished candidate: its outcome, the device fingerprint it was
+    submitted for and measured on (``target``), the measuring slot's name
+    (empty when no slot was needed: a compile failure), seconds from submit to
+    result, how many slots it took (2 after a lost slot), seconds spent
+    building it and where the build ran (empty without a build stage)."""
 
     candidate: Candidate
     outcome: Outcome
@@ -53,20 +71,108 @@ class Done:
     slot: str
     wall_s: float
     attempts: int = 1
+    build_s: float = 0.0
+    builder: str = ""
 
 
 class Executor(Protocol):
     slots: int
+    seconds: dict[str, float]  # "build" and "measure", summed over candidates
 
     def free(self) -> int: ...
 
-    def submit(self, candidates: Sequence[Candidate]) -> None: ...
+    def slots_by_target(self) -> dict[str, int]: ...
+
+    def free_by_target(self) -> dict[str, int]: ...
+
+    def submit(self, candidates: Sequence[Candidate], target: str | None = None) -> None: ...
 
     def poll(self, timeout: float | None = None) -> list[Done]: ...
 
     def pending(self) -> int: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """What the build stage hands a measuring slot: the built library
+    (``path`` on the node that built it; ``name`` and ``data`` to install it
+    on another node) or the ``compile`` outcome that stopped it (``failed``);
+    ``device``: hardware fingerprint of the node that built it; ``seconds``
+    and ``where`` (thread or process) for the record."""
+
+    failed: Outcome | None = None
+    path: str = ""
+    name: str = ""
+    data: bytes = b""
+    device: str = ""
+    seconds: float = 0.0
+    where: str = ""
+
+
+_DEVICE: list[str] = []
+
+
+def node_device() -> str:
+    """This node's hardware fingerprint (read once per process): code built
+    with ``-march=native`` runs only where it matches."""
+    if not _DEVICE:
+        from ..backends.probe import hardware
+
+        _DEVICE.append(hardware().fingerprint)
+    return _DEVICE[0]
+
+
+def build_stage(builder: Callable, c: Candidate, ship: bool = False) -> Artifact:
+    """Build ``c`` here with ``builder`` (a backend's ``builder()``); with
+    ``ship``, carry the library's bytes for another node. An exception from
+    the builder is the candidate's ``compile`` outcome: the run goes on."""
+    if ship:
+        import socket
+
+        where = f"build task (pid {os.getpid()} on {socket.gethostname()})"
+    else:
+        where = f"{threading.current_thread().name} (pid {os.getpid()})"
+    t0 = time.perf_counter()
+    try:
+        lib = builder([c])[0]
+    except Exception as e:
+        lib = Outcome.invalid("compile", f"build failed: {type(e).__name__}: {e}")
+    seconds = time.perf_counter() - t0
+    if isinstance(lib, Outcome):
+        return Artifact(failed=lib, seconds=seconds, where=where)
+    if not ship:
+        return Artifact(path=lib, seconds=seconds, where=where)
+    from ..kernels.build import artifact
+
+    name, data = artifact(lib)
+    return Artifact(path=lib, name=name, data=data, device=node_device(), seconds=seconds, where=where)
+
+
+def _builder(backend) -> Callable | None:
+    """The backend's build stage, when it has one (a ``builder()`` and a ``measure_built``)."""
+    if hasattr(backend, "builder") and hasattr(backend, "measure_built"):
+        return backend.builder()
+    return None
+
+
+def _free(slots: Counter, lookahead: int | None, inflight: Counter) -> dict[str, int]:
+    """Per device fingerprint: its slots, plus the look-ahead (None: as many again), less what it has in flight."""
+    return {t: max(0, n + (n if lookahead is None else lookahead) - inflight[t]) for t, n in slots.items()}
+
+
+def _target(target: str | None, known) -> str:
+    """The fingerprint a submission is for: ``target``, or the only one there is."""
+    known = list(known)
+    if target is None:
+        if len(known) == 1:
+            return known[0]
+        raise ExecutorError(f"slots of {len(known)} device fingerprints ({', '.join(known) or 'none'}): "
+                            "submit(candidates, target=...) must say which")
+    if target not in known:
+        raise ExecutorError(f"no measurement slot of device {target!r} (slots: {', '.join(known) or 'none'})")
+    return target
 
 
 # -- core sets ---------------------------------------------------------------------
@@ -143,29 +249,46 @@ def _lost(reason: str, attempts: int) -> Outcome:
 
 
 # -- local -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Job:
+    candidate: Candidate
+    target: str
+    t0: float
+    attempts: int = 1
+    built: Artifact | None = None  # None: the backend builds and measures in one step
+
+
 class LocalExecutor:
     """``workers`` slots on this machine, each a thread driving its own backend
     instance (for the CPU backend: its own isolated worker process, pinned to
-    its own core set when ``pin``). With one worker and no pinning the given
-    backend itself is used.
+    its own core set when ``pin``), and a pool of build threads. With one
+    worker and no pinning the given backend itself is used.
 
     Parameters:
         backend: the task's backend (copied through its ``factory()`` when
             ``workers > 1`` or ``pin``).
-        workers: number of slots (default 1).
+        workers: number of measuring slots (default 1).
         cores_per_slot: physical cores each slot claims (default 1).
         pin: pin each slot's measurement worker to its claimed cores (default
             True when the backend measures on this CPU).
+        build_workers: build threads, unpinned, each running the compiler as a
+            child process (default: one per slot); unused when the backend has
+            no build step.
+        lookahead: candidates each device fingerprint takes beyond its slots,
+            building while the slots measure (default: its number of slots
+            when the backend has a build step, else 0).
     """
 
-    def __init__(self, backend, workers: int = 1, cores_per_slot: int = 1, pin: bool | None = None):
+    def __init__(self, backend, workers: int = 1, cores_per_slot: int = 1, pin: bool | None = None,
+                 build_workers: int | None = None, lookahead: int | None = None):
         if workers < 1:
             raise ExecutorError(f"workers must be at least 1, got {workers}")
         self.slots = workers
         pin = getattr(backend, "name", "") == "cpu" if pin is None else pin
-        self._todo: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
-        self._inflight = 0
+        self._queues: dict[str, queue.Queue] = {}  # built candidates waiting for a slot, per device fingerprint
+        self._slots_of: Counter = Counter()
+        self._inflight: Counter = Counter()  # per device fingerprint: building, waiting and measuring
         self._threads: list[threading.Thread] = []
         self._owned: list[Any] = []
         self._claims: list[CoreClaim] = []
@@ -181,64 +304,108 @@ class LocalExecutor:
             if factory is not None:
                 self._owned.append(be)
             name = f"local-{i}"
-            self.info.append({"slot": name, "cpus": cpus, "target": be.fingerprint, "backend": be,
-                              "busy": None})
-            t = threading.Thread(target=self._serve, args=(i, be), name=f"planforge-{name}", daemon=True)
+            self.info.append({"slot": name, "cpus": cpus, "target": be.fingerprint, "backend": be, "busy": None})
+            self._slots_of[be.fingerprint] += 1
+            q = self._queues.setdefault(be.fingerprint, queue.Queue())
+            t = threading.Thread(target=self._serve, args=(i, be, q), name=f"planforge-{name}", daemon=True)
             t.start()
             self._threads.append(t)
+        self._build = _builder(backend)
+        self.lookahead = 0 if self._build is None else lookahead
+        self._pool = None if self._build is None else \
+            ThreadPoolExecutor(build_workers or workers, thread_name_prefix="planforge-build")
+        self.seconds = {"build": 0.0, "measure": 0.0}  # summed over candidates
+        self._lock = threading.Lock()
 
-    def _serve(self, i: int, be) -> None:
+    def _serve(self, i: int, be, q: queue.Queue) -> None:
         slot = self.info[i]
         while True:
-            job = self._todo.get()
+            job = q.get()
             if job is None:
                 return
-            c, attempts, t0, tried = job
+            c = job.candidate
             slot["busy"] = c
+            t0 = time.perf_counter()
             try:
-                o = be.measure([c])[0]
+                o = be.measure([c])[0] if job.built is None else be.measure_built(c, job.built.path)
             except BaseException as e:  # the backend broke, not the candidate: retry on another slot
                 slot["busy"] = None
                 reason = f"{slot['slot']}: {type(e).__name__}: {e}"
-                if attempts < MAX_ATTEMPTS and self.slots > 1:
-                    self._done.put(("retry", (c, attempts + 1, t0, tried | {i})))
+                if job.attempts < MAX_ATTEMPTS and self._slots_of[job.target] > 1:
+                    q.put(_Job(c, job.target, job.t0, job.attempts + 1, job.built))
                 else:
-                    self._done.put(("done", Done(c, _lost(reason, attempts), slot["target"], slot["slot"],
-                                                 time.perf_counter() - t0, attempts)))
+                    self._finish(job, _lost(reason, job.attempts), slot["slot"])
                 continue
             slot["busy"] = None
-            self._done.put(("done", Done(c, o, slot["target"], slot["slot"], time.perf_counter() - t0, attempts)))
+            with self._lock:
+                self.seconds["measure"] += time.perf_counter() - t0
+            self._finish(job, o, slot["slot"])
+
+    def _finish(self, job: _Job, o: Outcome, slot: str) -> None:
+        b = job.built or Artifact()
+        self._done.put(Done(job.candidate, o, job.target, slot, time.perf_counter() - job.t0, job.attempts,
+                            b.seconds, b.where))
+
+    def _build_one(self, job: _Job) -> None:
+        art = build_stage(self._build, job.candidate)
+        with self._lock:
+            self.seconds["build"] += art.seconds
+        job = _Job(job.candidate, job.target, job.t0, job.attempts, art)
+        if art.failed is not None:  # a compile failure never reaches a measuring slot
+            self._finish(job, art.failed, "")
+        else:
+            self._queues[job.target].put(job)
+
+    def slots_by_target(self) -> dict[str, int]:
+        """Measuring slots per device fingerprint."""
+        return dict(self._slots_of)
+
+    def free_by_target(self) -> dict[str, int]:
+        """Candidates each device fingerprint can take now (its free slots and look-ahead)."""
+        return _free(self._slots_of, self.lookahead, self._inflight)
 
     def free(self) -> int:
-        return max(0, self.slots - self._inflight)
+        return sum(self.free_by_target().values())
 
     def pending(self) -> int:
-        return self._inflight
+        return sum(self._inflight.values())
 
-    def submit(self, candidates: Sequence[Candidate]) -> None:
+    def submit(self, candidates: Sequence[Candidate], target: str | None = None) -> None:
+        """Hand ``candidates`` to the slots of device ``target`` (default: the only one there is)."""
+        target = _target(target, self._queues)
+        now = time.perf_counter()
         for c in candidates:
-            self._inflight += 1
-            self._todo.put((c, 1, time.perf_counter(), frozenset()))
+            self._inflight[target] += 1
+            job = _Job(c, target, now)
+            if self._pool is None:
+                self._queues[target].put(job)
+            else:
+                self._pool.submit(self._build_one, job)
 
     def poll(self, timeout: float | None = None) -> list[Done]:
         out: list[Done] = []
         block = True
-        while self._inflight:
+        while self.pending():
             try:
-                kind, item = self._done.get(block=block, timeout=timeout if block else None)
+                d = self._done.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
                 break
             block = False
-            if kind == "retry":
-                self._todo.put(item)
-                continue
-            self._inflight -= 1
-            out.append(item)
+            self._inflight[d.target] -= 1
+            out.append(d)
         return out
 
     def close(self) -> None:
-        for _ in self._threads:
-            self._todo.put(None)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        for q in self._queues.values():  # what was waiting is not measured: nobody is left to read it
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+        for info in self.info:
+            self._queues[info["target"]].put(None)
         for t in self._threads:
             t.join(timeout=30)
         for be in self._owned:
@@ -261,14 +428,35 @@ class _Slot:
         self.node = socket.gethostname()
 
     def describe(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "node": self.node, "cpus": self.cpus, "target": self.backend.fingerprint}
+        import ray
+
+        return {"pid": os.getpid(), "node": self.node, "node_id": ray.get_runtime_context().get_node_id(),
+                "cpus": self.cpus, "target": self.backend.fingerprint}
 
     def measure(self, c: Candidate) -> tuple[Outcome, str]:
         return self.backend.measure([c])[0], self.backend.fingerprint
 
+    def measure_built(self, c: Candidate, built: Artifact) -> tuple[Outcome, str]:
+        """Install the library the build stage shipped into this node's build cache, then measure it. A library
+        built on another kind of machine (``-march=native`` code may not run here) is built again here instead."""
+        if built.device != node_device():
+            lib = self.backend.build([c])[0]
+            if isinstance(lib, Outcome):
+                return lib, self.backend.fingerprint
+        else:
+            from ..kernels.build import install
+
+            lib = str(install(built.name, built.data))
+        return self.backend.measure_built(c, lib), self.backend.fingerprint
+
     def close(self) -> None:
         if hasattr(self.backend, "close"):
             self.backend.close()
+
+
+def _ray_build(builder, c: Candidate) -> Artifact:
+    """Body of a Ray build task (it reserves no CPU and is pinned to none)."""
+    return build_stage(builder, c, ship=True)
 
 
 def ray_env() -> dict[str, str]:
@@ -279,19 +467,25 @@ def ray_env() -> dict[str, str]:
 
 class RayExecutor:
     """One Ray actor per device slot, each owning a backend built from the
-    backend's factory on its node.
+    backend's factory on its node, and build tasks that run anywhere.
 
     Parameters:
-        backend: the task's backend (its ``factory()`` is shipped to the actors).
+        backend: the task's backend (its ``factory()`` is shipped to the actors,
+            its ``builder()``, when it has one, to the build tasks).
         address: a running cluster (``auto`` or ``HOST:PORT``); None starts a
             local one with this machine's CPUs (default None). A cluster this
             executor started is shut down by ``close``.
         slots: number of actors (default: the cluster's CPUs / cores_per_slot).
         cores_per_slot: CPUs each actor reserves and pins (default 1).
+        lookahead: candidates each device fingerprint takes beyond its slots
+            (default: its number of slots when the backend has a build step, else 0).
+    Build tasks reserve no CPU (the actors hold them all) and prefer a node
+    that hosts slots of the fingerprint they build for; a library that was
+    built on another kind of machine is rebuilt by the measuring slot.
     """
 
     def __init__(self, backend, address: str | None = None, slots: int | None = None, cores_per_slot: int = 1,
-                 pin: bool | None = None):
+                 pin: bool | None = None, lookahead: int | None = None):
         try:
             import ray
         except ImportError:
@@ -314,6 +508,9 @@ class RayExecutor:
         self.cores_per_slot = max(1, cores_per_slot)
         self.pin = getattr(backend, "name", "") == "cpu" if pin is None else pin
         self._factory = backend_factory(backend)
+        self._build = _builder(backend)
+        self.lookahead = 0 if self._build is None else lookahead
+        self._build_task = None if self._build is None else ray.remote(num_cpus=0)(_ray_build)
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.slots = slots or max(1, cpus // self.cores_per_slot)
         self._cls = ray.remote(_Slot).options(num_cpus=self.cores_per_slot, max_restarts=0, max_concurrency=1)
@@ -321,9 +518,13 @@ class RayExecutor:
         self._idle: list[int] = []
         self._next = 0
         self.info: dict[int, dict[str, Any]] = {}
-        self._refs: dict[Any, tuple[int, Candidate, int, float]] = {}  # ref -> slot, candidate, attempt, t0
-        self._queue: list[tuple[Candidate, int, float]] = []
+        self._building: dict[Any, _Job] = {}          # build ref -> job
+        self._refs: dict[Any, tuple[int, _Job, float]] = {}  # measurement ref -> slot, job, sent at
+        self._queue: list[_Job] = []                  # built (or needing no build), waiting for a slot
         self._ready: list[Done] = []
+        self._inflight: Counter = Counter()
+        self._turn = 0
+        self.seconds = {"build": 0.0, "measure": 0.0}
         for _ in range(self.slots):
             self._spawn()
         ready = {i: self._actors[i].describe.remote() for i in list(self._actors)}
@@ -342,59 +543,124 @@ class RayExecutor:
         self._idle.append(i)
         return i
 
+    def slots_by_target(self) -> dict[str, int]:
+        """Live measuring slots per device fingerprint."""
+        return dict(Counter(self.info[i]["target"] for i in self._actors if "target" in self.info[i]))
+
+    def free_by_target(self) -> dict[str, int]:
+        """Candidates each device fingerprint can take now (its free slots and look-ahead)."""
+        return _free(Counter(self.slots_by_target()), self.lookahead, self._inflight)
+
     def free(self) -> int:
-        return max(0, len(self._idle) - len(self._queue))
+        return sum(self.free_by_target().values())
 
     def pending(self) -> int:
-        return len(self._refs) + len(self._queue) + len(self._ready)
+        return sum(self._inflight.values())
 
-    def submit(self, candidates: Sequence[Candidate]) -> None:
+    def submit(self, candidates: Sequence[Candidate], target: str | None = None) -> None:
+        """Hand ``candidates`` to the slots of device ``target`` (default: the only one there is)."""
+        target = _target(target, self.slots_by_target())
         now = time.perf_counter()
-        self._queue.extend((c, 1, now) for c in candidates)
+        for c in candidates:
+            self._inflight[target] += 1
+            job = _Job(c, target, now)
+            if self._build_task is None:
+                self._queue.append(job)
+            else:
+                self._start_build(job)
         self._dispatch()
 
+    def _start_build(self, job: _Job) -> None:
+        """A build task, preferring (not requiring) a node with slots of the job's fingerprint."""
+        nodes = sorted({self.info[i]["node_id"] for i in self._actors if self.info[i].get("target") == job.target
+                        and self.info[i].get("node_id")})
+        task = self._build_task
+        if nodes:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            self._turn += 1
+            task = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[self._turn % len(nodes)],
+                                                                                  soft=True))
+        self._building[task.remote(self._build, job.candidate)] = job
+
     def _dispatch(self) -> None:
-        while self._queue and self._idle:
-            c, attempt, t0 = self._queue.pop(0)
-            i = self._idle.pop(0)
-            self.info[i]["busy"] = c
-            self._refs[self._actors[i].measure.remote(c)] = (i, c, attempt, t0)
+        for job in list(self._queue):
+            i = next((i for i in self._idle if self.info[i].get("target") == job.target), None)
+            if i is None:
+                if job.target not in self.slots_by_target():  # every slot of this kind lost and none could be replaced
+                    self._queue.remove(job)
+                    self._done(job, _lost(f"no measurement slot of device {job.target} left on the cluster",
+                                          job.attempts), "none")
+                continue
+            self._queue.remove(job)
+            self._idle.remove(i)
+            self.info[i]["busy"] = job.candidate
+            a = self._actors[i]
+            ref = a.measure.remote(job.candidate) if job.built is None else \
+                a.measure_built.remote(job.candidate, job.built)
+            self._refs[ref] = (i, job, time.perf_counter())
+
+    def _done(self, job: _Job, o: Outcome, slot: str) -> None:
+        self._inflight[job.target] -= 1
+        b = job.built or Artifact()
+        self._ready.append(Done(job.candidate, o, job.target, slot, time.perf_counter() - job.t0, job.attempts,
+                                b.seconds, b.where))
 
     def poll(self, timeout: float | None = None) -> list[Done]:
         ray = self.ray
-        if self._refs and not self._ready:
-            ray.wait(list(self._refs), num_returns=1, timeout=timeout)
-        if self._refs:
-            done, _ = ray.wait(list(self._refs), num_returns=len(self._refs), timeout=0)
+        waiting = [*self._refs, *self._building]
+        if waiting and not self._ready:
+            ray.wait(waiting, num_returns=1, timeout=timeout)
+        if waiting:
+            done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
             for ref in done:
-                i, c, attempt, t0 = self._refs.pop(ref)
-                self.info[i]["busy"] = None
-                try:
-                    o, target = ray.get(ref)
-                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
-                        ray.exceptions.RayTaskError) as e:
-                    self._retire(i)
-                    reason = f"{self.info[i]['slot']} on {self.info[i].get('node', '?')}: {type(e).__name__}: " \
-                             f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-                    if attempt < MAX_ATTEMPTS:
-                        self._queue.insert(0, (c, attempt + 1, t0))
-                    else:
-                        self._ready.append(Done(c, _lost(reason, attempt), self.info[i].get("target", "?"),
-                                                self.info[i]["slot"], time.perf_counter() - t0, attempt))
-                    continue
-                self._idle.append(i)
-                self._ready.append(Done(c, o, target, self.info[i]["slot"], time.perf_counter() - t0, attempt))
-            self._dispatch()
-        if self._queue and not self._actors:  # every slot lost and none could be replaced: the run goes on without
-            for c, attempt, t0 in self._queue:
-                self._ready.append(Done(c, _lost("no measurement slot left on the cluster", attempt), "?", "none",
-                                        time.perf_counter() - t0, attempt))
-            self._queue.clear()
+                if ref in self._building:
+                    self._built(ref)
+                else:
+                    self._measured(ref)
+        self._dispatch()
         out, self._ready = self._ready, []
         return out
 
+    def _built(self, ref) -> None:
+        job = self._building.pop(ref)
+        try:
+            art = self.ray.get(ref)
+        except self.ray.exceptions.RayError as e:  # the build worker died, not the candidate's fault: once more
+            if job.attempts < MAX_ATTEMPTS:
+                self._start_build(_Job(job.candidate, job.target, job.t0, job.attempts + 1))
+            else:
+                self._done(job, _lost(f"build task: {type(e).__name__}", job.attempts), "")
+            return
+        self.seconds["build"] += art.seconds
+        job = _Job(job.candidate, job.target, job.t0, job.attempts, art)
+        if art.failed is not None:  # a compile failure never reaches a measuring slot
+            self._done(job, art.failed, "")
+        else:
+            self._queue.append(job)
+
+    def _measured(self, ref) -> None:
+        ray = self.ray
+        i, job, t0 = self._refs.pop(ref)
+        self.info[i]["busy"] = None
+        try:
+            o, _ = ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.RayTaskError) as e:
+            self._retire(i)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            reason = f"{self.info[i]['slot']} on {self.info[i].get('node', '?')}: {type(e).__name__}: {first}"
+            if job.attempts < MAX_ATTEMPTS:
+                self._queue.insert(0, _Job(job.candidate, job.target, job.t0, job.attempts + 1, job.built))
+            else:
+                self._done(job, _lost(reason, job.attempts), self.info[i]["slot"])
+            return
+        self.seconds["measure"] += time.perf_counter() - t0
+        self._idle.append(i)
+        self._done(job, o, self.info[i]["slot"])
+
     def _retire(self, i: int) -> None:
-        """A slot died: drop it and start a replacement (the candidate goes to whichever slot is idle first)."""
+        """A slot died: drop it and start a replacement (the candidate goes to whichever slot of its kind is
+        idle first)."""
         actor = self._actors.pop(i, None)
         self.info[i]["dead"] = True
         if actor is not None:
@@ -418,6 +684,11 @@ class RayExecutor:
 
     def close(self) -> None:
         ray = self.ray
+        for ref in self._building:
+            try:
+                ray.cancel(ref)
+            except Exception:
+                pass
         closing = [a.close.remote() for a in self._actors.values()]
         try:
             ray.wait(closing, num_returns=len(closing), timeout=10)

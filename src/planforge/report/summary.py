@@ -160,6 +160,15 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
                   f"first plan measured ({fmt_time(first)}): pays back after {fmt_count(res.break_even)} runs")
     if res.spec_path:
         con.print(f"spec: [bold]{res.spec_path}[/]   records: {res.records_path}")
+    if len(res.by_target) > 1:
+        con.print(f"\n[bold]{len(res.by_target)} kinds of machine[/] (device fingerprints), each tuned on its own:")
+        for target, trs in res.by_target.items():
+            plans = ", ".join(f"{tr.task.key} {fmt_time(tr.walk.accepted.metric)} "
+                              f"({plan_label(tr, tr.walk.accepted.candidate)})" if tr.walk else
+                              f"{tr.task.key}: no valid plan" for tr in trs)
+            spec = res.specs.get(target)
+            con.print(f"  {target}{' (above)' if target == res.target else ''}: {plans}; "
+                      f"{trs[0].result.evaluations} evaluations; spec {spec or 'not written'}", highlight=False)
     if res.report_path:
         con.print(f"report: [bold]{res.report_path}[/] (plots, funnel, roofline, finalist walk; open in a browser)")
 
@@ -201,6 +210,12 @@ def summary_json(res: TuneResult) -> dict[str, Any]:
         "break_even_runs": res.break_even if math.isfinite(res.break_even) else None,
         "spec": str(res.spec_path) if res.spec_path else None, "records": str(res.records_path), "tasks": tasks,
         "report": str(res.report_path) if res.report_path else None,
+        "target": res.target, "specs": {t: str(p) for t, p in res.specs.items()},
+        # each device fingerprint's accepted plan per task (a heterogeneous cluster tunes each kind of machine)
+        "by_target": {t: {tr.task.key: {"latency_s": tr.walk.accepted.metric if tr.walk else None,
+                                        "plan": tr.walk.accepted.candidate.as_dict() if tr.walk else None,
+                                        "evaluations": tr.result.evaluations} for tr in trs}
+                      for t, trs in res.by_target.items()},
     }
     if len(tasks) == 1:
         only = next(iter(tasks.values()))

@@ -5,18 +5,19 @@ for an executor: whenever slots are free it asks the strategy for exactly that
 many candidates, and it tells the strategy each result as it arrives, in
 whatever order they finish. A slow slot holds up only its own candidate.
 
-Times are ranked per device fingerprint: each result carries the fingerprint
-of the slot that measured it, and only times of one fingerprint share a
-ranked list. ``SearchResult.ranked`` is the list of the driver's fingerprint,
-else of the one with the most measurements (on a uniform cluster, the only
-one); ``by_target`` has
-them all, so a heterogeneous cluster yields a ranking per kind of machine.
+A heterogeneous cluster tunes per device fingerprint: each fingerprint the
+executor's slots report gets a search of its own (its own strategy, seeded
+alike; its own duplicate set, so a candidate measured on one kind of machine
+is still measured on another; its own ranked top-k and its own evaluation
+budget), and its candidates go to slots of that fingerprint only, so times of
+two kinds of machine never meet. On a uniform cluster that is one search.
 """
 from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Union
 
 from ..outcome import Outcome
 from ..space import Candidate, Space
@@ -24,106 +25,171 @@ from .loop import Budget, SearchResult, Tally, Trial
 from .ranked import Ranked
 from .strategies import Strategy
 
+StrategyFor = Union[Strategy, Callable[[str], Strategy]]
+CacheFor = Union[Mapping[str, Outcome], Callable[[str], Mapping[str, Outcome]], None]
 
-def search_async(space: Space, strategy: Strategy, executor, budget: Budget, keep: int = 4,
-                 cache: Mapping[str, Outcome] | None = None, on_trial: Callable[[Trial], None] | None = None,
+
+@dataclass
+class _Search:
+    """One device fingerprint's search."""
+
+    target: str
+    strategy: Strategy
+    cache: Mapping[str, Outcome]
+    ranked: Ranked
+    tally: Tally = field(default_factory=Tally)
+    dups: int = 0
+    stop: str = ""
+    exhausted: bool = False
+    inflight: int = 0
+
+
+def search_async(space: Space, strategy: StrategyFor, executor, budget: Budget, keep: int = 4,
+                 cache: CacheFor = None, on_trial: Callable[[Trial], None] | None = None,
                  max_idle: int = 10_000, target: float | None = None, default_target: str = "",
                  on_done: Callable[[Trial, str], None] | None = None, poll_s: float = 0.5) -> SearchResult:
-    """Run ``strategy`` on ``executor`` until the budget is spent or the strategy stops.
+    """Run a search per device fingerprint on ``executor`` until each has spent its budget or stopped.
 
     Parameters are those of ``search``, and:
-        executor: ``free() / submit(candidates) / poll(timeout) / pending()``
-            (see ``planforge.measure.executor``).
-        default_target: fingerprint for outcomes that no slot measured
-            (rejections, cached outcomes); the driver's backend's.
-        on_done: called with each trial and the fingerprint of the device that
-            measured it (the driver records it under that fingerprint); when
-            None, ``on_trial`` alone is called.
+        strategy: the strategy, or ``f(fingerprint) -> Strategy`` making each
+            fingerprint's own (needed when the slots report more than one;
+            give each the same name, settings and seed, so that a
+            fingerprint's search does not depend on the others).
+        executor: ``free_by_target() / submit(candidates, target) /
+            poll(timeout) / pending()`` (see ``planforge.measure.executor``).
+        cache: outcomes by candidate fingerprint from an interrupted run, or
+            ``f(fingerprint) -> those`` of each device's search.
+        budget: per device fingerprint: each kind of machine gets
+            ``budget.evals`` evaluations of its own; ``budget.seconds`` is the
+            wall time of the whole search.
+        default_target: the driver's device fingerprint: its search is the
+            result (else the one with the most measurements).
+        on_done: called with each trial and the device fingerprint whose
+            search it belongs to (the driver records it under that
+            fingerprint); when None, ``on_trial`` alone is called.
         poll_s: longest wait for a result before checking the time budget (default 0.5 s).
-    Once the budget is spent or the strategy stops, the candidates in flight
-    are waited for and recorded: nothing measured is thrown away.
+    Once a search has spent its budget or stopped, its candidates in flight
+    are waited for and recorded: nothing measured is thrown away. The result
+    is the main fingerprint's search; ``by_target`` holds every
+    fingerprint's, the main one included.
     """
-    cache = cache or {}
-    tally = Tally()
-    by_target: dict[str, Ranked] = {}
-    measured: Counter = Counter()  # measured outcomes per device fingerprint
-    dups = 0
-    stop = ""
-    exhausted = False
+    t0 = time.perf_counter()
+    searches: dict[str, _Search] = {}
 
-    def settle(c: Candidate, o: Outcome, cached: bool, where: str) -> tuple[Candidate, Outcome]:
-        t = tally.settle(c, o, cached)
+    def search_for(where: str) -> _Search:
+        s = searches.get(where)
+        if s is None:
+            if callable(strategy):
+                strat = strategy(where)
+            elif not searches:
+                strat = strategy
+            else:
+                raise ValueError(f"the executor's slots report several device fingerprints ({next(iter(searches))}, "
+                                 f"{where}): give search_async a strategy per fingerprint (a callable), so that "
+                                 "each kind of machine is tuned on its own")
+            s = searches[where] = _Search(where, strat, (cache(where) if callable(cache) else cache) or {},
+                                          Ranked(keep))
+            s.tally.t0 = t0
+        return s
+
+    def settle(s: _Search, c: Candidate, o: Outcome, cached: bool) -> tuple[Candidate, Outcome]:
+        t = s.tally.settle(c, o, cached)
         if on_done:
-            on_done(t, where)
+            on_done(t, s.target)
         elif on_trial:
             on_trial(t)
         if o.ok:
-            by_target.setdefault(where, Ranked(keep)).insert(o.metric, c, o)
+            s.ranked.insert(o.metric, c, o)
         return c, o
 
+    def check(s: _Search) -> None:
+        tally = s.tally
+        if s.stop:
+            return
+        if budget.evals is not None and tally.evals >= budget.evals:
+            s.stop = f"budget of {budget.evals} evaluations spent"
+        elif budget.seconds is not None and time.perf_counter() - t0 >= budget.seconds:
+            s.stop = f"time budget of {budget.seconds:g} s spent"
+        elif target is not None and tally.curve and tally.curve[-1][1] <= target:
+            s.stop = "reached the target metric"
+        elif tally.idle >= max_idle:
+            s.stop = f"{tally.idle} consecutive proposals gave no new evaluation"
+        elif s.exhausted and not s.inflight:
+            s.stop = s.strategy.stop_reason or "strategy has nothing more to propose"
+
     while True:
-        inflight = executor.pending()
-        if not stop:
-            if budget.evals is not None and tally.evals >= budget.evals:
-                stop = f"budget of {budget.evals} evaluations spent"
-            elif budget.seconds is not None and time.perf_counter() - tally.t0 >= budget.seconds:
-                stop = f"time budget of {budget.seconds:g} s spent"
-            elif target is not None and tally.curve and tally.curve[-1][1] <= target:
-                stop = "reached the target metric"
-            elif tally.idle >= max_idle:
-                stop = f"{tally.idle} consecutive proposals gave no new evaluation"
-            elif exhausted and not inflight:
-                stop = strategy.stop_reason or "strategy has nothing more to propose"
-        if stop and not inflight:
+        free = executor.free_by_target()
+        for where in free:  # a kind of machine seen for the first time gets its own search
+            search_for(where)
+        for s in searches.values():
+            check(s)
+        if all(s.stop and not s.inflight for s in searches.values()):
             break
-        want = 0 if (stop or exhausted) else executor.free()
-        if budget.evals is not None:
-            want = min(want, budget.evals - tally.evals - inflight)  # never ask for more than the budget can take
-        if want > 0:
-            cands = strategy.ask(want)
+        again = False
+        for where, s in searches.items():
+            want = 0 if (s.stop or s.exhausted) else free.get(where, 0)
+            if budget.evals is not None:  # never ask for more than the budget can take
+                want = min(want, budget.evals - s.tally.evals - s.inflight)
+            if want <= 0:
+                continue
+            cands = s.strategy.ask(want)
             if not cands:
-                exhausted = True
+                s.exhausted = True
             told: list[tuple[Candidate, Outcome]] = []
             fresh: list[Candidate] = []
             for c in cands:
-                if c.fingerprint in tally.seen:
-                    dups += 1
-                    tally.idle += 1
-                    told.append((c, tally.seen[c.fingerprint]))
+                if c.fingerprint in s.tally.seen:
+                    s.dups += 1
+                    s.tally.idle += 1
+                    told.append((c, s.tally.seen[c.fingerprint]))
                 elif not space.is_valid(c):
-                    told.append(settle(c, Tally.rejection(space, c), False, default_target))
-                elif c.fingerprint in cache:
-                    told.append(settle(c, cache[c.fingerprint], True, default_target))
+                    told.append(settle(s, c, Tally.rejection(space, c), False))
+                elif c.fingerprint in s.cache:
+                    told.append(settle(s, c, s.cache[c.fingerprint], True))
                 else:
                     fresh.append(c)
             if told:
-                strategy.tell(told)
+                s.strategy.tell(told)
             if fresh:
-                executor.submit(fresh)
-            if told and not fresh:
-                continue  # nothing new in flight: ask again at once
+                executor.submit(fresh, target=where)
+                s.inflight += len(fresh)
+            elif told:
+                again = True  # nothing new in flight: ask again at once
+        if again:
+            continue
         if executor.pending():
-            done = executor.poll(poll_s)
-            if done:
-                for d in done:
-                    if d.outcome.ok:
-                        measured[d.target] += 1
-                strategy.tell([settle(d.candidate, d.outcome, False, d.target) for d in done])
-        elif not (stop or exhausted or want > 0):
-            stop = "no measurement slot is left"
-    main = default_target if default_target in by_target else max(measured, key=measured.get, default=None)
-    ranked = by_target.get(main) or Ranked(keep)
-    res = SearchResult(tally.trials, ranked, tally.curve, stop, tally.evals, dups + strategy.total_duplicates,
-                       time.perf_counter() - tally.t0, tally.counts)
-    res.by_target = by_target  # type: ignore[attr-defined]
+            told_by: dict[str, list[tuple[Candidate, Outcome]]] = {}
+            for d in executor.poll(poll_s):
+                s = search_for(d.target)
+                s.inflight -= 1
+                told_by.setdefault(d.target, []).append(settle(s, d.candidate, d.outcome, False))
+            for where, told in told_by.items():
+                searches[where].strategy.tell(told)
+        else:
+            for s in searches.values():
+                if not (s.stop or s.exhausted or s.inflight):
+                    s.stop = "no measurement slot is left"
+    seconds = time.perf_counter() - t0
+    by_target = {w: SearchResult(s.tally.trials, s.ranked, s.tally.curve, s.stop, s.tally.evals,
+                                 s.dups + s.strategy.total_duplicates, seconds, s.tally.counts)
+                 for w, s in searches.items()}
+    if not by_target:
+        return SearchResult([], Ranked(keep), [], "no measurement slot is left", 0, 0, seconds, Counter())
+    main = default_target if default_target in by_target else \
+        max(sorted(by_target), key=lambda w: by_target[w].counts["measured"])
+    res = by_target[main]
+    res.by_target = by_target
     return res
 
 
-def search_on(executor: dict, space: Space, strategy: Strategy, backend, budget: Budget, keep: int = 4,
-              cache: Mapping[str, Outcome] | None = None, on_done: Callable[[Trial, str], None] | None = None,
+def search_on(executor: dict, space: Space, strategy: StrategyFor, backend, budget: Budget, keep: int = 4,
+              cache: CacheFor = None, on_done: Callable[[Trial, str], None] | None = None,
               **kw) -> SearchResult:
     """``search_async`` on an executor made for ``backend`` from ``executor``
-    (``{"kind": "local"|"ray", **options of its constructor}``), closed after."""
+    (``{"kind": "local"|"ray", **options of its constructor}``), closed after.
+    ``result.executor`` says what ran: kind, slots per device fingerprint,
+    start-up seconds, and seconds spent building and measuring (summed over
+    candidates)."""
     from ..measure.executor import make_executor
 
     opts = dict(executor)
@@ -131,8 +197,10 @@ def search_on(executor: dict, space: Space, strategy: Strategy, backend, budget:
     try:
         res = search_async(space, strategy, ex, budget, keep=keep, cache=cache, on_done=on_done,
                            default_target=backend.fingerprint, **kw)
+        slots = ex.slots_by_target()
     finally:
         ex.close()
-    res.executor = {"kind": executor.get("kind", "local"), "slots": ex.slots,  # type: ignore[attr-defined]
-                    "startup_s": getattr(ex, "ready_s", 0.0)}
+    res.executor = {"kind": executor.get("kind", "local"), "slots": ex.slots, "targets": slots,
+                    "startup_s": getattr(ex, "ready_s", 0.0), "build_s": ex.seconds["build"],
+                    "measure_s": ex.seconds["measure"]}
     return res

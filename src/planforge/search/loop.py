@@ -49,6 +49,9 @@ class SearchResult:
     duplicates: int
     seconds: float
     counts: Counter = field(default_factory=Counter)  # "measured", "rejected", and each invalid category
+    # the asynchronous loop's search per device fingerprint, this one included (empty for the plain loop)
+    by_target: dict[str, "SearchResult"] = field(default_factory=dict)
+    executor: dict | None = None  # what ran the measurements (search_on): kind, slots, seconds
 
     @property
     def first_measured(self) -> Trial | None:

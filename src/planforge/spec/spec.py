@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -54,6 +55,16 @@ def validate(spec: Any, source: str = "spec") -> dict[str, Any]:
         more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
         raise SpecError(f"{source}: does not match the spec schema v{SCHEMA_VERSION}:\n  " + "\n  ".join(lines) + more)
     return spec
+
+
+def spec_filename(target: str | None = None) -> str:
+    """``spec.json``; for another device fingerprint tuned in the same run (a
+    heterogeneous cluster), ``spec-TARGET.json``, each character of the
+    fingerprint other than a letter, digit, ``.``, ``_`` or ``-`` written ``-``.
+    The spec inside names its fingerprint in full (``target.fingerprint``)."""
+    if not target:
+        return "spec.json"
+    return f"spec-{re.sub(r'[^A-Za-z0-9._-]', '-', target)}.json"
 
 
 def write_spec(spec: dict[str, Any], path: str | os.PathLike) -> Path:
