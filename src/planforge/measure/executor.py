@@ -12,8 +12,8 @@ may be left out.
 
 A candidate goes through two stages. Builds (compiling, for backends with a
 ``builder()``) run on a small pool of unpinned build workers: threads of the
-driver for ``local``, Ray tasks that reserve no CPU for ``ray``, which ship the
-built library to the measuring slot's node. A compile failure is a ``compile``
+driver for ``local``, Ray actors that reserve no CPU for ``ray``, which ship
+the built library to the measuring slot's node. A compile failure is a ``compile``
 outcome straight from the build stage: it never occupies a measuring slot.
 Measuring slots then only measure built candidates. A fingerprint takes
 ``lookahead`` candidates beyond its slots (default: as many as it has slots
@@ -131,7 +131,7 @@ def build_stage(builder: Callable, c: Candidate, ship: bool = False) -> Artifact
     if ship:
         import socket
 
-        where = f"build task (pid {os.getpid()} on {socket.gethostname()})"
+        where = f"build actor (pid {os.getpid()} on {socket.gethostname()})"
     else:
         where = f"{threading.current_thread().name} (pid {os.getpid()})"
     t0 = time.perf_counter()
@@ -160,6 +160,11 @@ def _builder(backend) -> Callable | None:
 def _free(slots: Counter, lookahead: int | None, inflight: Counter) -> dict[str, int]:
     """Per device fingerprint: its slots, plus the look-ahead (None: as many again), less what it has in flight."""
     return {t: max(0, n + (n if lookahead is None else lookahead) - inflight[t]) for t, n in slots.items()}
+
+
+def _most_in_flight(slots: Counter, lookahead: int | None) -> int:
+    """How many candidates can be in flight at once: every slot's, and the look-ahead."""
+    return sum(_free(slots, lookahead, Counter()).values())
 
 
 def _target(target: str | None, known) -> str:
@@ -272,8 +277,8 @@ class LocalExecutor:
         pin: pin each slot's measurement worker to its claimed cores (default
             True when the backend measures on this CPU).
         build_workers: build threads, unpinned, each running the compiler as a
-            child process (default: one per slot); unused when the backend has
-            no build step.
+            child process (default: as many as candidates can be in flight,
+            slots plus look-ahead); unused when the backend has no build step.
         lookahead: candidates each device fingerprint takes beyond its slots,
             building while the slots measure (default: its number of slots
             when the backend has a build step, else 0).
@@ -313,7 +318,8 @@ class LocalExecutor:
         self._build = _builder(backend)
         self.lookahead = 0 if self._build is None else lookahead
         self._pool = None if self._build is None else \
-            ThreadPoolExecutor(build_workers or workers, thread_name_prefix="planforge-build")
+            ThreadPoolExecutor(build_workers or _most_in_flight(self._slots_of, lookahead),
+                               thread_name_prefix="planforge-build")
         self.seconds = {"build": 0.0, "measure": 0.0}  # summed over candidates
         self._lock = threading.Lock()
 
@@ -431,7 +437,7 @@ class _Slot:
         import ray
 
         return {"pid": os.getpid(), "node": self.node, "node_id": ray.get_runtime_context().get_node_id(),
-                "cpus": self.cpus, "target": self.backend.fingerprint}
+                "cpus": self.cpus, "target": self.backend.fingerprint, "device": node_device()}
 
     def measure(self, c: Candidate) -> tuple[Outcome, str]:
         return self.backend.measure([c])[0], self.backend.fingerprint
@@ -454,9 +460,21 @@ class _Slot:
             self.backend.close()
 
 
-def _ray_build(builder, c: Candidate) -> Artifact:
-    """Body of a Ray build task (it reserves no CPU and is pinned to none)."""
-    return build_stage(builder, c, ship=True)
+class _Builder:
+    """Body of a Ray build actor: it reserves no CPU and is pinned to none, and lives as long as the executor,
+    so no build pays for a worker process's start."""
+
+    def __init__(self, builder):
+        self.builder = builder
+
+    def describe(self) -> dict[str, Any]:
+        import ray
+
+        self.builder([])  # imports what a build needs, before the first candidate
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "device": node_device()}
+
+    def build(self, c: Candidate) -> Artifact:
+        return build_stage(self.builder, c, ship=True)
 
 
 def ray_env() -> dict[str, str]:
@@ -467,25 +485,29 @@ def ray_env() -> dict[str, str]:
 
 class RayExecutor:
     """One Ray actor per device slot, each owning a backend built from the
-    backend's factory on its node, and build tasks that run anywhere.
+    backend's factory on its node, and build actors that run anywhere.
 
     Parameters:
         backend: the task's backend (its ``factory()`` is shipped to the actors,
-            its ``builder()``, when it has one, to the build tasks).
+            its ``builder()``, when it has one, to the build actors).
         address: a running cluster (``auto`` or ``HOST:PORT``); None starts a
             local one with this machine's CPUs (default None). A cluster this
             executor started is shut down by ``close``.
         slots: number of actors (default: the cluster's CPUs / cores_per_slot).
         cores_per_slot: CPUs each actor reserves and pins (default 1).
+        build_workers: build actors, when the backend has a build step
+            (default: as many as candidates can be in flight, slots plus
+            look-ahead). They reserve no CPU (the slots hold them all), are
+            pinned to none, and ship each library to the measuring slot's node.
         lookahead: candidates each device fingerprint takes beyond its slots
             (default: its number of slots when the backend has a build step, else 0).
-    Build tasks reserve no CPU (the actors hold them all) and prefer a node
-    that hosts slots of the fingerprint they build for; a library that was
-    built on another kind of machine is rebuilt by the measuring slot.
+    A build goes to an idle build actor on the same kind of machine as the
+    slots it is for when there is one, else to any; a library built on
+    another kind of machine is rebuilt by the measuring slot.
     """
 
     def __init__(self, backend, address: str | None = None, slots: int | None = None, cores_per_slot: int = 1,
-                 pin: bool | None = None, lookahead: int | None = None):
+                 pin: bool | None = None, build_workers: int | None = None, lookahead: int | None = None):
         try:
             import ray
         except ImportError:
@@ -510,7 +532,6 @@ class RayExecutor:
         self._factory = backend_factory(backend)
         self._build = _builder(backend)
         self.lookahead = 0 if self._build is None else lookahead
-        self._build_task = None if self._build is None else ray.remote(num_cpus=0)(_ray_build)
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.slots = slots or max(1, cpus // self.cores_per_slot)
         self._cls = ray.remote(_Slot).options(num_cpus=self.cores_per_slot, max_restarts=0, max_concurrency=1)
@@ -518,19 +539,27 @@ class RayExecutor:
         self._idle: list[int] = []
         self._next = 0
         self.info: dict[int, dict[str, Any]] = {}
-        self._building: dict[Any, _Job] = {}          # build ref -> job
+        self._builders: dict[int, Any] = {}  # build actor id -> handle
+        self._build_idle: list[int] = []
+        self.build_info: dict[int, dict[str, Any]] = {}
+        self._to_build: list[_Job] = []
+        self._building: dict[Any, tuple[int, _Job]] = {}      # build ref -> build actor, job
         self._refs: dict[Any, tuple[int, _Job, float]] = {}  # measurement ref -> slot, job, sent at
         self._queue: list[_Job] = []                  # built (or needing no build), waiting for a slot
         self._ready: list[Done] = []
         self._inflight: Counter = Counter()
-        self._turn = 0
         self.seconds = {"build": 0.0, "measure": 0.0}
         for _ in range(self.slots):
             self._spawn()
-        ready = {i: self._actors[i].describe.remote() for i in list(self._actors)}
-        for i, ref in ready.items():
+        if self._build is not None:
+            self._builder_cls = ray.remote(_Builder).options(num_cpus=0, max_restarts=0, max_concurrency=1)
+            for _ in range(build_workers or _most_in_flight(Counter({"": self.slots}), lookahead)):
+                self._spawn_builder()
+        ready = [(self.info[i], a.describe.remote()) for i, a in self._actors.items()]
+        ready += [(self.build_info[j], b.describe.remote()) for j, b in self._builders.items()]
+        for info, ref in ready:
             try:
-                self.info[i].update(ray.get(ref))
+                info.update(ray.get(ref))
             except ray.exceptions.RayError as e:
                 raise ExecutorError(f"a Ray slot could not start its backend: {e}") from None
         self.ready_s = time.perf_counter() - t0
@@ -542,6 +571,13 @@ class RayExecutor:
         self.info[i] = {"slot": f"ray-{i}", "busy": None}
         self._idle.append(i)
         return i
+
+    def _spawn_builder(self) -> int:
+        j = len(self.build_info)
+        self._builders[j] = self._builder_cls.remote(self._build)
+        self.build_info[j] = {"builder": f"ray-build-{j}"}
+        self._build_idle.append(j)
+        return j
 
     def slots_by_target(self) -> dict[str, int]:
         """Live measuring slots per device fingerprint."""
@@ -563,27 +599,23 @@ class RayExecutor:
         now = time.perf_counter()
         for c in candidates:
             self._inflight[target] += 1
-            job = _Job(c, target, now)
-            if self._build_task is None:
-                self._queue.append(job)
-            else:
-                self._start_build(job)
+            (self._queue if self._build is None else self._to_build).append(_Job(c, target, now))
         self._dispatch()
 
-    def _start_build(self, job: _Job) -> None:
-        """A build task, preferring (not requiring) a node with slots of the job's fingerprint."""
-        nodes = sorted({self.info[i]["node_id"] for i in self._actors if self.info[i].get("target") == job.target
-                        and self.info[i].get("node_id")})
-        task = self._build_task
-        if nodes:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            self._turn += 1
-            task = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[self._turn % len(nodes)],
-                                                                                  soft=True))
-        self._building[task.remote(self._build, job.candidate)] = job
-
     def _dispatch(self) -> None:
+        for job in list(self._to_build):
+            if not self._builders:  # every build actor lost and none could be replaced
+                self._to_build.remove(job)
+                self._done(job, _lost("no build worker left on the cluster", job.attempts), "")
+                continue
+            if not self._build_idle:
+                break
+            # an idle build actor on the kind of machine the job's slots are, else any
+            devices = {self.info[i].get("device") for i in self._actors if self.info[i].get("target") == job.target}
+            j = next((j for j in self._build_idle if self.build_info[j].get("device") in devices), self._build_idle[0])
+            self._build_idle.remove(j)
+            self._to_build.remove(job)
+            self._building[self._builders[j].build.remote(job.candidate)] = (j, job)
         for job in list(self._queue):
             i = next((i for i in self._idle if self.info[i].get("target") == job.target), None)
             if i is None:
@@ -623,15 +655,18 @@ class RayExecutor:
         return out
 
     def _built(self, ref) -> None:
-        job = self._building.pop(ref)
+        ray = self.ray
+        j, job = self._building.pop(ref)
         try:
-            art = self.ray.get(ref)
-        except self.ray.exceptions.RayError as e:  # the build worker died, not the candidate's fault: once more
+            art = ray.get(ref)
+        except ray.exceptions.RayError as e:  # the build actor died, not the candidate's fault: once more
+            self._retire_builder(j)
             if job.attempts < MAX_ATTEMPTS:
-                self._start_build(_Job(job.candidate, job.target, job.t0, job.attempts + 1))
+                self._to_build.insert(0, _Job(job.candidate, job.target, job.t0, job.attempts + 1))
             else:
-                self._done(job, _lost(f"build task: {type(e).__name__}", job.attempts), "")
+                self._done(job, _lost(f"{self.build_info[j]['builder']}: {type(e).__name__}", job.attempts), "")
             return
+        self._build_idle.append(j)
         self.seconds["build"] += art.seconds
         job = _Job(job.candidate, job.target, job.t0, job.attempts, art)
         if art.failed is not None:  # a compile failure never reaches a measuring slot
@@ -661,22 +696,29 @@ class RayExecutor:
     def _retire(self, i: int) -> None:
         """A slot died: drop it and start a replacement (the candidate goes to whichever slot of its kind is
         idle first)."""
-        actor = self._actors.pop(i, None)
-        self.info[i]["dead"] = True
+        self._replace(self._actors, self.info, self._idle, i, self._spawn)
+        self.slots = len(self._actors)
+
+    def _retire_builder(self, j: int) -> None:
+        self._replace(self._builders, self.build_info, self._build_idle, j, self._spawn_builder)
+
+    def _replace(self, actors: dict, info: dict, idle: list, i: int, spawn: Callable[[], int]) -> None:
+        """Actor ``i`` died: kill what is left of it and start a replacement, or, when the cluster has no room
+        left, carry on with fewer."""
+        actor = actors.pop(i, None)
+        info[i]["dead"] = True
         if actor is not None:
             try:
                 self.ray.kill(actor, no_restart=True)
             except Exception:  # already gone
                 pass
-        j = self._spawn()
+        j = spawn()
         try:
-            self.info[j].update(self.ray.get(self._actors[j].describe.remote(), timeout=120))
-        except Exception as e:  # no room left on the cluster: carry on with fewer slots
-            self._actors.pop(j, None)
-            self._idle.remove(j)
-            self.info[j]["dead"] = True
-            self.info[j]["error"] = str(e)
-        self.slots = len(self._actors)
+            info[j].update(self.ray.get(actors[j].describe.remote(), timeout=120))
+        except Exception as e:
+            actors.pop(j, None)
+            idle.remove(j)
+            info[j].update(dead=True, error=str(e))
 
     def live(self) -> list[dict[str, Any]]:
         """The live slots: pid, node, cpus, target, and the candidate each is measuring."""
@@ -684,22 +726,18 @@ class RayExecutor:
 
     def close(self) -> None:
         ray = self.ray
-        for ref in self._building:
-            try:
-                ray.cancel(ref)
-            except Exception:
-                pass
         closing = [a.close.remote() for a in self._actors.values()]
         try:
             ray.wait(closing, num_returns=len(closing), timeout=10)
         except Exception:
             pass
-        for a in self._actors.values():
+        for a in [*self._actors.values(), *self._builders.values()]:
             try:
                 ray.kill(a, no_restart=True)
             except Exception:
                 pass
         self._actors.clear()
+        self._builders.clear()
         if self._started:
             ray.shutdown()
 
