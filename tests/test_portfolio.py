@@ -141,3 +141,33 @@ def test_thompson_bins_large_knobs_and_samples_spaces_too_large_to_enumerate():
     fps = [x.candidate.fingerprint for x in res.trials]
     assert res.evaluations == 40 and len(set(fps)) == 40 and not table
     assert res.ranked.best.metric < 3.0e-6  # well inside the bowl (a random point averages ~ 25e-6)
+
+
+def test_thompson_value_features_see_alignment_and_trust_region_stays_near_the_best():
+    from planforge.outcome import Outcome
+    from planforge.space import categorical
+
+    space = Space([categorical("bx", [16, 32, 48, 64, 80, 96, 112, 128]), categorical("ty", [1, 2, 4, 8]),
+                   categorical("mode", ["a", "b"])])
+    t = make_strategy("thompson", space, 3, n_init=6, global_every=4, top=1, radius=1)
+    knob_of = [i for i, _ in t._value_tables]
+    assert knob_of == [0, 0, 1]  # bx: log2 and alignment; ty: log2 only (its alignment is log2 again); mode: none
+    align = t._value_tables[1][1]
+    assert align[7] == 0.5 and align[6] == -0.5  # 128 is aligned to 2^7, 112 only to 2^4
+
+    def time_of(c):  # aligned blocks are fast; 128 with ty = 8 and mode b is best
+        return 1e-6 * (1 + 2.0 * ((c["bx"] & -c["bx"]) < 32) + abs(c["ty"] - 8) / 4 + (c["mode"] == "a")
+                       + 0.5 * (c["bx"] != 128))
+
+    table = {c.fingerprint: time_of(c) for c in space.enumerate()}
+    seen: list = []
+    for step in range(30):
+        (c,) = t.ask(1)
+        if step >= 6 and (step - 5) % 4:  # a trust-region step: one knob from the best, while any is left
+            best = min(seen, key=lambda x: table[x.fingerprint])
+            near = {x.fingerprint for x in space.neighbours(best)} - {x.fingerprint for x in seen}
+            assert c.fingerprint in near or not near
+        seen.append(c)
+        t.tell([(c, Outcome.measured([table[c.fingerprint]]))])
+    assert min(table[c.fingerprint] for c in seen) == min(table.values())
+    assert len({c.fingerprint for c in seen}) == 30

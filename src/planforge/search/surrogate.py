@@ -13,14 +13,25 @@ solved in closed form with numpy/scipy. Interaction weights get a stronger
 prior than main effects, so the model starts additive and lets the data buy
 interactions.
 
+One-hot weights learn nothing about a value until it is measured. Knobs with
+numeric values therefore also get a few dense features shared by all values:
+log2 of the value, its power-of-two alignment (trailing zero bits: a block of
+128 is aligned where one of 112 is not, which is what warps, vector lanes and
+cache lines care about), their squares and pairwise products, each scaled to
+[-0.5, 0.5]. They let a trend seen on a few values carry to the others.
+
 After ``n_init`` random points, every proposal is the unproposed candidate
 with the lowest predicted log-time under a weight vector drawn from the
 posterior (Thompson sampling: exploration in proportion to the model's own
-uncertainty). The posterior is refitted when enough new results arrived
-(each ``refit`` fraction of what is known, so refits are frequent early and
-sparse late); between refits, proposals take the next-best candidates of
-the same draw. A failed measurement is modelled as slower than anything
-measured, so the model learns to avoid the regions that fail.
+uncertainty). Even a model fitted on a whole recorded space ranks its optimum
+tens of places down (the last few percent come from effects no low-order
+model holds), so most proposals are local: only candidates within
+``radius`` changed knobs of the ``top`` best measured points compete, and
+one proposal in ``global_every`` is taken from the whole pool (a trust
+region, in the manner of TuRBO). The posterior is refitted when enough new
+results arrived (each ``refit`` fraction of what is known, so refits are
+frequent early and sparse late). A failed measurement is modelled as slower
+than anything measured, so the model learns to avoid the regions that fail.
 
 Candidates are every valid point of a space small enough to enumerate (up to
 ``pool`` points), or else a fresh uniform sample of ``pool`` valid points at
@@ -42,14 +53,21 @@ class Thompson(Strategy):
     """Thompson sampling on a Bayesian linear model of log-time.
 
     Parameters:
-        n_init: uniformly random proposals before the model is used (default 16).
+        n_init: uniformly random proposals before the model is used (default 10).
         prior: prior precision of a main-effect weight (default 1.0);
             interaction weights get ``prior * interaction_prior`` (default 4).
         interactions: model pairs of knobs (default True).
+        value_features: dense features of numeric knob values (default True).
+        value_prior: prior precision of a dense value feature (default 0.1;
+            their squares and products get 3x).
         refit: refit after this fraction of the known results is new (default
             0.05, and at least one result).
         pool: candidates scored per draw (default 50,000): the whole valid
             space when it is no larger, else a uniform sample of this many.
+        top, radius: the trust region: candidates at most ``radius`` knobs
+            away from one of the ``top`` best measured points (defaults 3 and 2).
+        global_every: one proposal in this many is taken from the whole pool,
+            the others from the trust region (default 3; 1: always global).
         fail_penalty: log-time told for a failure, above the slowest measured
             (default 1.0, i.e. e times slower).
         exploration: scales the spread of the posterior draws (default 1.0:
@@ -61,42 +79,52 @@ class Thompson(Strategy):
 
     name = "thompson"
 
-    def __init__(self, space: Space, seed: int = 0, n_init: int = 16, prior: float = 1.0,
-                 interaction_prior: float = 4.0, interactions: bool = True, refit: float = 0.05,
-                 pool: int = 50_000, fail_penalty: float = 1.0, exploration: float = 1.0,
+    def __init__(self, space: Space, seed: int = 0, n_init: int = 10, prior: float = 1.0,
+                 interaction_prior: float = 4.0, interactions: bool = True, value_features: bool = True,
+                 value_prior: float = 0.1, refit: float = 0.05, pool: int = 50_000, top: int = 3, radius: int = 2,
+                 global_every: int = 3, fail_penalty: float = 1.0, exploration: float = 1.0,
                  max_features: int = 1000, **kw):
         kw.setdefault("max_duplicates", 1_000_000)  # the model never re-proposes; exhaustion stops it
         super().__init__(space, seed, **kw)
+        if global_every < 1 or top < 1 or radius < 1:
+            raise ValueError(f"thompson: global_every, top and radius must be at least 1 "
+                             f"(got {global_every}, {top}, {radius})")
         self.n_init, self.prior, self.interaction_prior = n_init, prior, interaction_prior
         self.interactions, self.refit, self.pool, self.fail_penalty = interactions, refit, pool, fail_penalty
-        self.exploration = exploration
+        self.exploration, self.top, self.radius, self.global_every = exploration, top, radius, global_every
         self.np_rng = np.random.default_rng(seed)
         self._radix = [len(k.values) for k in space.knobs]
         self._live = [i for i, r in enumerate(self._radix) if r > 1]
+        self._value_tables = self._value_layout() if value_features else []
+        n_dense = len(self._value_tables)
+        n_dense = 2 * n_dense + n_dense * (n_dense - 1) // 2
         # A knob with many values is binned (neighbouring values share a level) and, if the model
         # is still too large, interactions are dropped: the posterior needs a dense F x F solve.
         levels = 64
         while True:
             self._levels = [min(r, levels) for r in self._radix]
-            f = self._layout(interactions)
+            f = self._layout(interactions) + n_dense
             if f <= max_features or levels <= 4:
                 break
             levels //= 2
         if f > max_features and interactions:
             self.interactions = interactions = False
-            f = self._layout(False)
+            f = self._layout(False) + n_dense
         if f > max_features:
             raise ValueError(f"thompson: {f} features even without interactions (limit {max_features}); "
                              "the space has too many knobs for this model")
         self.n_features = f
+        self._dense = np.arange(f - n_dense, f)  # positions of the dense features
         self._precision = np.full(f, prior * interaction_prior)
         self._precision[: self._n_main] = prior
+        k = len(self._value_tables)
+        self._precision[f - n_dense: f - n_dense + k] = value_prior
+        self._precision[f - n_dense + k:] = 3 * value_prior
         self._A = np.zeros((f, f))  # X^T X
-        self._rows: list[np.ndarray] = []  # feature columns of each observation
+        self._rows: list[tuple[np.ndarray, np.ndarray]] = []  # one-hot columns and dense values of each observation
         self._y: list[float | None] = []  # log-time, None for a failure
         self._seen_at_fit = 0
-        self._order: list[int] = []  # candidate positions, best first, of the current draw
-        self._cursor = 0
+        self._pred: np.ndarray | None = None  # predicted log-time of each pool point under the current draw
         self._enumerable = False
         try:
             if space.size <= 50 * pool:
@@ -107,15 +135,16 @@ class Thompson(Strategy):
         except SpaceError:
             pass
         if self._enumerable:
-            self._pool_cols = self._cols_of_ints(self._pool_ints)
+            self._set_pool(self._pool_ints)
         self._proposed_ints: set[int] = set()
         self._observed: set[str] = set()
-        self._best_ints: list[int] = []  # the point of each observation, in order
+        self._obs_ints: list[int] = []  # the point of each observation, in order
+        self._model_steps = 0
         self.refits = 0
 
     # -- features --------------------------------------------------------------
     def _layout(self, interactions: bool) -> int:
-        """Place the one-hot blocks (per knob, then per pair of knobs); returns the feature count."""
+        """Place the one-hot blocks (per knob, then per pair of knobs); returns their feature count."""
         self._offset: dict[tuple[int, ...], int] = {}
         f = 0
         for i in self._live:
@@ -129,6 +158,26 @@ class Thompson(Strategy):
                     f += self._levels[i] * self._levels[j]
         return f
 
+    def _value_layout(self) -> list[tuple[int, np.ndarray]]:
+        """(knob, value index -> feature) for each dense value feature: log2 of the
+        value (the value itself if not all positive) and, for positive integers,
+        the trailing zero bits, each scaled to [-0.5, 0.5]; only knobs with more
+        than two numeric values (two values are one-hot already)."""
+        out = []
+        for i in self._live:
+            vals = self.space.knobs[i].values
+            if len(vals) <= 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+                continue
+            v = np.array(vals, dtype=float)
+            feats = [np.log2(v) if (v > 0).all() else v]
+            if (v > 0).all() and (v == np.round(v)).all():
+                align = np.array([float((int(x) & -int(x)).bit_length() - 1) for x in v])
+                if len(set(align)) > 2 and not np.allclose(align, feats[0]):  # for powers of two it is log2 again
+                    feats.append(align)
+            for t in feats:
+                out.append((i, (t - t.min()) / (t.max() - t.min()) - 0.5))
+        return out
+
     def _digits(self, ints: np.ndarray) -> np.ndarray:
         """Value index of every knob for each mixed-radix integer (rows: points)."""
         out = np.zeros((len(ints), len(self._radix)), dtype=np.int64)
@@ -137,20 +186,27 @@ class Thompson(Strategy):
             n, out[:, k] = np.divmod(n, self._radix[k])
         return out
 
-    def _cols_of_digits(self, d: np.ndarray) -> np.ndarray:
+    def _features(self, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One-hot column of every block and the dense features, for points given as digits."""
         lv = np.array(self._levels)
-        d = d * lv // np.array(self._radix)  # value index -> level (the identity unless binned)
-        cols = [self._offset[(i,)] + d[:, i] for i in self._live]
+        b = d * lv // np.array(self._radix)  # value index -> level (the identity unless binned)
+        cols = [self._offset[(i,)] + b[:, i] for i in self._live]
         if self.interactions:
             for a, i in enumerate(self._live):
                 for j in self._live[a + 1:]:
-                    cols.append(self._offset[(i, j)] + d[:, i] * lv[j] + d[:, j])
-        if not cols:
-            return np.zeros((len(d), 0), dtype=np.int64)
-        return np.stack(cols, axis=1)
+                    cols.append(self._offset[(i, j)] + b[:, i] * lv[j] + b[:, j])
+        cols_a = np.stack(cols, axis=1) if cols else np.zeros((len(d), 0), dtype=np.int64)
+        z = [t[d[:, i]] for i, t in self._value_tables]
+        if not z:
+            return cols_a, np.zeros((len(d), 0))
+        z_a = np.stack(z, axis=1)
+        pairs = [z_a[:, p] * z_a[:, q] for p in range(z_a.shape[1]) for q in range(p + 1, z_a.shape[1])]
+        return cols_a, np.column_stack([z_a, z_a ** 2, *pairs])
 
-    def _cols_of_ints(self, ints: np.ndarray) -> np.ndarray:
-        return self._cols_of_digits(self._digits(ints))
+    def _set_pool(self, ints: np.ndarray) -> None:
+        self._pool_ints = ints
+        self._pool_digits = self._digits(ints)
+        self._pool_cols, self._pool_z = self._features(self._pool_digits)
 
     # -- the model -----------------------------------------------------------------
     def _targets(self) -> np.ndarray:
@@ -163,8 +219,9 @@ class Thompson(Strategy):
         """Weights drawn from the posterior (Bayesian ridge, noise variance estimated)."""
         y = self._targets()
         b = np.zeros(self.n_features)
-        for cols, v in zip(self._rows, y):
+        for (cols, z), v in zip(self._rows, y):
             b[cols] += v
+            b[self._dense] += z * v
         P = self._A + np.diag(self._precision)
         L = linalg.cholesky(P, lower=True)
         mean = linalg.cho_solve((L, True), b)
@@ -174,21 +231,21 @@ class Thompson(Strategy):
         return mean + self.exploration * sigma * linalg.solve_triangular(L.T, z, lower=False)
 
     def _refresh(self) -> None:
-        """Draw new weights and rank the candidates by their predicted log-time."""
+        """Draw new weights and predict every pool point; points already proposed are out."""
         w = self._draw()
         self.refits += 1
         self._seen_at_fit = len(self._y)
-        if self._enumerable:
-            ints, cols = self._pool_ints, self._pool_cols
-        else:
-            ints = self._sample_pool(min(self.pool, 4096))
-            self._pool_ints, cols = ints, self._cols_of_ints(ints)
-        pred = w[cols].sum(axis=1) if cols.shape[1] else np.zeros(len(ints))
-        self._order = list(np.argsort(pred, kind="stable"))
-        self._cursor = 0
+        if not self._enumerable:
+            self._set_pool(self._sample_pool(min(self.pool, 4096)))
+        pred = w[self._pool_cols].sum(axis=1) if self._pool_cols.shape[1] else np.zeros(len(self._pool_ints))
+        if self._pool_z.shape[1]:
+            pred = pred + self._pool_z @ w[self._dense]
+        if self._proposed_ints:
+            pred[np.isin(self._pool_ints, np.fromiter(self._proposed_ints, dtype=np.int64))] = np.inf
+        self._pred = pred
 
     def _sample_pool(self, m: int) -> np.ndarray:
-        """Up to ``m`` distinct valid points drawn uniformly (by rejection), plus the incumbent's neighbours."""
+        """Up to ``m`` distinct valid points drawn uniformly (by rejection), plus the neighbours of the best."""
         digits = np.column_stack([self.np_rng.integers(0, r, size=4 * m) for r in self._radix])
         out: list[int] = []
         for row in digits:
@@ -197,14 +254,16 @@ class Thompson(Strategy):
                 out.append(self.space.to_int(idx))
                 if len(out) >= m:
                     break
-        ok = [(y, i) for i, y in enumerate(self._y) if y is not None]
-        if ok:
-            best = self._best_ints[min(ok)[1]]
+        for best in self._best_points():
             out.extend(self.space.to_int(c.index) for c in self.space.neighbours(
                 self.space.candidate(self.space.from_int(best))))
         if not out:  # restrictions reject nearly everything: fall back to the space's own sampler
             out = [self.space.to_int(self.space.sample(self.rng).index) for _ in range(64)]
         return np.unique(np.array(out, dtype=np.int64))
+
+    def _best_points(self) -> list[int]:
+        ok = sorted((y, i) for i, y in enumerate(self._y) if y is not None)
+        return [self._obs_ints[i] for _, i in ok[: self.top]]
 
     def _stale(self) -> bool:
         new = len(self._y) - self._seen_at_fit
@@ -213,13 +272,23 @@ class Thompson(Strategy):
     def _propose(self) -> Candidate | None:
         if len(self._rows) < self.n_init and len(self.proposed) < self.n_init:
             return self.space.sample(self.rng)
-        if not self._order or self._stale():
+        if self._pred is None or self._stale():
             self._refresh()
-        while self._cursor < len(self._order):
-            n = int(self._pool_ints[self._order[self._cursor]])
-            self._cursor += 1
-            if n not in self._proposed_ints:
-                return self.space.candidate(self.space.from_int(n))
+        self._model_steps += 1
+        scores = [self._pred]
+        best = self._best_points()
+        if self._model_steps % self.global_every and best:  # a trust-region step, global once it is used up
+            far = np.min([(self._pool_digits != d).sum(axis=1) for d in self._digits(np.array(best))], axis=0)
+            scores.insert(0, np.where(far <= self.radius, self._pred, np.inf))
+        for pred in scores:
+            while True:
+                p = int(np.argmin(pred))
+                if not np.isfinite(pred[p]):
+                    break
+                self._pred[p] = pred[p] = np.inf
+                n = int(self._pool_ints[p])
+                if n not in self._proposed_ints:
+                    return self.space.candidate(self.space.from_int(n))
         if self._enumerable:
             self._stop("space exhausted")
             return None
@@ -235,17 +304,25 @@ class Thompson(Strategy):
         if o.status == "rejected" or c.fingerprint in self._observed:
             return
         self._observed.add(c.fingerprint)
-        cols = self._cols_of_ints(np.array([self.space.to_int(c.index)], dtype=np.int64))[0]
-        self._A[np.ix_(cols, cols)] += 1.0
-        self._rows.append(cols)
-        self._best_ints.append(self.space.to_int(c.index))
+        n = self.space.to_int(c.index)
+        cols, z = self._features(self._digits(np.array([n], dtype=np.int64)))
+        cols, z = cols[0], z[0]
+        A, dense = self._A, self._dense
+        A[np.ix_(cols, cols)] += 1.0
+        if len(z):
+            A[np.ix_(cols, dense)] += z
+            A[np.ix_(dense, cols)] += z[:, None]
+            A[np.ix_(dense, dense)] += np.outer(z, z)
+        self._rows.append((cols, z))
+        self._obs_ints.append(n)
         self._y.append(math.log(o.metric) if o.ok and o.metric > 0 else None)
-        self._proposed_ints.add(self.space.to_int(c.index))
+        self._proposed_ints.add(n)
 
     def describe(self) -> dict:
         return {**super().describe(), "n_init": self.n_init, "prior": self.prior,
                 "interaction_prior": self.interaction_prior, "interactions": self.interactions,
-                "refit": self.refit, "features": self.n_features}
+                "value_features": len(self._value_tables), "refit": self.refit, "features": self.n_features,
+                "top": self.top, "radius": self.radius, "global_every": self.global_every}
 
 
 STRATEGIES[Thompson.name] = Thompson
