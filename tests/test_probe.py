@@ -2,6 +2,7 @@ import dataclasses
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,10 +20,33 @@ def cache(tmp_path_factory):
         yield root
 
 
+def script_load(mp, *loads):
+    """Make the /proc/stat sampler report each of ``loads`` in turn (other processes' share of all CPUs
+    between two snapshots; None: /proc/stat unreadable, a single snapshot). Sampling more often than
+    scripted fails the test; the returned list holds the snapshots not taken yet."""
+    snaps = []
+    for load in loads:
+        # others' busy ticks = busy delta less this process's own (50 ticks), over 1000 ticks in all
+        snaps += [None] if load is None else [pr.CpuTicks(1000, 5000, 10),
+                                              pr.CpuTicks(1000 + 50 + load * 1000, 6000, 60)]
+
+    def snapshot(stat="/proc/stat"):
+        if not snaps:
+            raise AssertionError("the machine's load was sampled more often than scripted")
+        return snaps.pop(0)
+
+    mp.setattr(pr, "_cpu_snapshot", snapshot)
+    mp.setattr(pr, "QUIET_SAMPLE_S", 0.0)
+    return snaps
+
+
 @pytest.fixture(scope="module")
 def prof(cache):
-    """One quick probe for the whole module (about a second)."""
-    return pr.get_profile(quick=True)
+    """One quick probe for the whole module (about a second), measured as if the machine were quiet
+    (other_load 0), so that its cached copy is reused whatever else this machine runs meanwhile."""
+    with pytest.MonkeyPatch.context() as mp:
+        script_load(mp, 0.0)
+        return pr.get_profile(quick=True)
 
 
 @pytest.fixture
@@ -64,6 +88,7 @@ def test_fields_present_and_positive(prof):
     assert prof.call_overhead_s < 1e-3
     assert prof.quick and prof.probe_seconds > 0
     assert prof.measured_at.endswith("+00:00")
+    assert prof.other_load == 0.0 and not prof.measured_busy
 
 
 def test_bandwidth_ordered(prof):
@@ -119,7 +144,7 @@ def test_real_cache_hit_does_not_measure(prof, cache, monkeypatch):
 
 @pytest.mark.parametrize("content", [
     b"{not json", b"\xff\xfe\x00", b"[]", b'{"version": 1}',
-    "version 999", "peak as text", "other machine",
+    "version 999", "peak as text", "other machine", "other load 1.5", "other load as text",
 ])
 def test_corrupt_cache_file_is_remeasured(prof, fake_measure, content):
     path = pr.profile_path(prof.fingerprint)
@@ -130,6 +155,8 @@ def test_corrupt_cache_file_is_remeasured(prof, fake_measure, content):
             d["version"] = 999
         elif content == "peak as text":
             d["peak_flops_1t"] = "fast"
+        elif content.startswith("other load"):
+            d["other_load"] = 1.5 if content.endswith("1.5") else "busy"
         else:
             d["fingerprint"] = "0" * 16
         content = json.dumps(d).encode()
@@ -165,6 +192,9 @@ def test_degraded_profile_measures_what_it_can(tmp_path, monkeypatch):
     assert set(p.bandwidth) == set(p.bandwidth_1t) == {"DRAM"}
     assert p.peak_flops_1t > 0 and p.notes
     assert DeviceProfile.from_json(p.to_json()) == p
+    # the real /proc/stat sampler ran around the measurement
+    if Path("/proc/stat").exists():
+        assert 0 <= p.other_load <= 1
 
 
 def test_arm_cpuinfo_and_sysfs_caches(tmp_path):
@@ -228,3 +258,131 @@ def test_without_openmp_measures_on_one_thread(tmp_path, monkeypatch):
     assert not p.openmp and p.threads == 1
     assert p.peak_flops_all == p.peak_flops_1t > 0 and p.bandwidth == p.bandwidth_1t
     assert any("OpenMP build failed" in n for n in p.notes)
+
+
+# ---------------------------------------------------------------- other processes' load
+
+def _stat(path, *values):
+    """A /proc/stat with an aggregate cpu line of ``values`` and a per-CPU line that must not count."""
+    path.write_text("cpu  " + " ".join(map(str, values)) + "\ncpu0 9999 9999 9999 9999 0 0 0 0 0 0\nintr 1 2\n")
+    return path
+
+
+def test_other_load_from_two_stat_snapshots(tmp_path):
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    a = pr._cpu_snapshot(_stat(tmp_path / "a", 100, 20, 30, 800, 40, 5, 5, 0, 0, 0))
+    b = pr._cpu_snapshot(_stat(tmp_path / "b", 400, 20, 110, 1160, 80, 10, 10, 10, 300, 0))
+    assert (a.busy, a.total) == (160, 1000)
+    # guest time is already inside user: 300 guest ticks add nothing
+    assert (b.busy, b.total) == (560, 1800)
+    assert 0 <= b.own - a.own < 5  # this process's own ticks, from os.times(), barely moved
+    tick = os.sysconf("SC_CLK_TCK")
+    t = os.times()
+    assert a.own == pytest.approx((t.user + t.system + t.children_user + t.children_system) * tick, abs=5)
+    a, b = a._replace(own=10.0), b._replace(own=10.0)
+    assert pr._other_load(a, b) == pytest.approx(400 / 800)
+    # this process's own CPU time is not other processes' load
+    assert pr._other_load(a, b._replace(own=210.0)) == pytest.approx(200 / 800)
+    assert pr._other_load(a, b._replace(own=900.0)) == 0.0
+    assert pr._other_load(a, b._replace(busy=a.busy + 2000)) == 1.0
+    assert pr._other_load(a, a) is None and pr._other_load(None, b) is None and pr._other_load(a, None) is None
+    # old kernels with fewer columns; anything else is unknown
+    assert pr._cpu_snapshot(_stat(tmp_path / "c", 1, 2, 3, 4)).total == 10
+    assert pr._cpu_snapshot(tmp_path / "missing") is None
+    assert pr._cpu_snapshot(_stat(tmp_path / "d", "x", 1, 2, 3)) is None
+    (tmp_path / "e").write_text("intr 1 2\n")
+    assert pr._cpu_snapshot(tmp_path / "e") is None
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="no /proc/stat")
+def test_real_sample_is_a_share():
+    assert 0 <= pr.sample_other_load(0.05) <= 1
+
+
+@pytest.mark.parametrize("load", [0.6, pr.BUSY_LOAD])
+def test_busy_measurement_warns_and_records_other_load(monkeypatch, tmp_path, load):
+    monkeypatch.setenv("PLANFORGE_CACHE", str(tmp_path))
+    left = script_load(monkeypatch, load)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p = pr.measure(quick=True)
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert left == [] and p.other_load == load
+    if load > pr.BUSY_LOAD:
+        assert p.measured_busy and len(said) == 1, said
+        assert "other processes used 60% of all CPUs" in said[0] and "may be low" in said[0]
+        assert "planforge probe --force" in said[0]
+    else:  # at the threshold is not above it
+        assert not p.measured_busy and not any("other processes" in m for m in said), said
+    assert DeviceProfile.from_json(p.to_json()) == p
+
+
+def _cache_busy(prof, load, quick=True):
+    cached = dataclasses.replace(prof, other_load=load, quick=quick, measured_at="cached")
+    path = pr.profile_path(prof.fingerprint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(cached.to_json())
+    return cached, path
+
+
+def test_busy_cached_profile_is_remeasured_when_quiet(prof, fake_measure, monkeypatch):
+    _cached, path = _cache_busy(prof, 0.6)
+    left = script_load(monkeypatch, 0.02)
+    with pytest.warns(RuntimeWarning, match=r"measured while other processes used 60% of all CPUs.*"
+                                            r"quiet now \(2%\): measuring again"):
+        got = pr.get_profile(quick=True)
+    assert left == [] and fake_measure == [True] and got.measured_at == "call 1"
+    assert pr.load_profile(path) == got
+    # the new, quiet profile is reused as any other: no sample, no measurement
+    assert pr.get_profile(quick=True) == got and fake_measure == [True]
+
+
+@pytest.mark.parametrize("now, says", [(0.5, r"still busy \(50%\)"), (pr.QUIET_LOAD, r"still busy \(10%\)"),
+                                       (None, "of unknown load")])
+def test_busy_cached_profile_is_used_while_still_busy(prof, fake_measure, monkeypatch, now, says):
+    cached, path = _cache_busy(prof, 0.6)
+    left = script_load(monkeypatch, now)
+    with pytest.warns(RuntimeWarning, match=r"measured while other processes used 60% of all CPUs.*may be low; "
+                                            rf"the machine is {says} now, so it is used as it is"):
+        got = pr.get_profile(quick=True)
+    assert left == [] and fake_measure == [] and got == cached
+    assert pr.load_profile(path) == cached
+
+
+def test_quietly_measured_cached_profile_is_reused_without_sampling(prof, fake_measure, monkeypatch):
+    cached, _ = _cache_busy(prof, pr.BUSY_LOAD)  # at the threshold: not busy
+    script_load(monkeypatch)  # any sample fails
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert pr.get_profile(quick=True) == cached and fake_measure == []
+
+
+def test_busy_quick_profile_is_not_sampled_when_a_full_one_is_wanted(prof, fake_measure, monkeypatch):
+    _cache_busy(prof, 0.6, quick=True)
+    script_load(monkeypatch)  # a quick profile is measured again in full anyway: no sample needed
+    assert not pr.get_profile().quick and fake_measure == [False]
+
+
+def test_profile_stored_without_other_load_still_loads(prof, fake_measure, monkeypatch):
+    d = prof.to_dict()
+    del d["other_load"]
+    assert d["version"] == pr.PROBE_VERSION
+    old = DeviceProfile.from_dict(d)
+    assert old.other_load is None and not old.measured_busy and old == dataclasses.replace(prof, other_load=None)
+    path = pr.profile_path(prof.fingerprint)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(d))
+    script_load(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert pr.get_profile(quick=True) == old and fake_measure == []
+
+
+def test_cli_probe_shows_other_load(cli, tmp_path, prof):
+    cached = dataclasses.replace(prof, other_load=0.2)
+    path = tmp_path / "profiles" / f"{prof.fingerprint}.json"
+    path.parent.mkdir()
+    path.write_text(cached.to_json())
+    r = cli("probe", "--quick", env={"PLANFORGE_CACHE": str(tmp_path)}, check=True)
+    assert "other load" in r.stdout and "20% of all CPUs used by other processes" in r.stdout
+    assert "may be low" not in r.stdout

@@ -266,6 +266,9 @@ def probe(
     facts.add_row("call overhead", f"{prof.call_overhead_s * 1e9:.0f} ns per ctypes call")
     facts.add_row("measured", f"{prof.measured_at} in {prof.probe_seconds:.1f} s{' (quick)' if prof.quick else ''}; "
                               f"{prof.compiler}{'' if prof.openmp else ', no OpenMP'}")
+    facts.add_row("other load", "unknown" if prof.other_load is None else
+                  f"{prof.other_load:.0%} of all CPUs used by other processes while measuring" +
+                  (": figures may be low" if prof.measured_busy else ""))
     out_console.print(facts)
     bw = Table(title="bandwidth, GB/s", title_justify="left")
     for col in ("level", f"read ({prof.threads} threads)", f"copy ({prof.threads} threads)", "read (1 thread)",

@@ -12,6 +12,12 @@ The fingerprint hashes the hardware identity only (not the hostname, not the
 measured numbers), so the same machine finds its profile again and a different
 one never borrows it. Measuring takes 10-30 s (``quick``: about a second, for
 tests); a corrupt or outdated cache file is measured again, with a warning.
+
+Other processes loading the CPUs while the probe runs make its figures low.
+``measure()`` records how much of the machine they used (``other_load``, from
+/proc/stat on Linux) and warns above ``BUSY_LOAD``; ``get_profile()`` measures
+a cached profile taken that busy again once a short sample finds the machine
+quiet (under ``QUIET_LOAD``), and otherwise uses it with a warning.
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ import warnings
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from ..kernels.build import BuildError, build, cache_dir, compiler, load
 from ..space import fingerprint_of
@@ -41,6 +47,15 @@ ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx
 
 LEVELS = ("L1", "L2", "L3", "DRAM")  # bandwidth levels; L1..L3 measure the caches named L1d, L2, L3
 _CACHE_OF = {"L1": "L1d", "L2": "L2", "L3": "L3"}
+
+# Share of all CPUs' time that other processes may use while the probe measures
+# before its figures count as possibly low (a warning; a cached profile measured
+# busier is measured again once the machine is quiet).
+BUSY_LOAD = 0.25
+# ... and what a short sample must stay under for the machine to count as quiet
+# enough to measure such a profile again; QUIET_SAMPLE_S is that sample's length.
+QUIET_LOAD = 0.10
+QUIET_SAMPLE_S = 0.3
 
 
 class ProbeError(RuntimeError):
@@ -122,6 +137,11 @@ class DeviceProfile:
     Provenance: ``compiler`` (version line), ``openmp``, ``measured_at`` (UTC,
     ISO 8601), ``probe_seconds``, ``quick`` (short runs), ``notes`` (what
     could not be read or measured), ``version`` (of the probe's format).
+    ``other_load``: the share (0..1) of all CPUs' time that other processes
+    used while this profile was measured (the aggregate /proc/stat counters
+    less this process's own CPU time); None where unknown (not Linux, or a
+    profile stored before it was recorded). Above ``BUSY_LOAD`` the figures
+    may be low (``measured_busy``).
     """
 
     fingerprint: str
@@ -147,8 +167,14 @@ class DeviceProfile:
     measured_at: str
     probe_seconds: float
     quick: bool
+    other_load: float | None = None
     notes: list[str] = field(default_factory=list)
     version: int = PROBE_VERSION
+
+    @property
+    def measured_busy(self) -> bool:
+        """Whether other processes used more than ``BUSY_LOAD`` of the CPUs while this was measured."""
+        return self.other_load is not None and self.other_load > BUSY_LOAD
 
     def cache_bytes(self, name: str) -> int | None:
         """Size of one instance of cache ``name`` ("L1d", "L2", "L3"); None when unknown."""
@@ -176,6 +202,7 @@ class DeviceProfile:
             raise ProfileError(f"expected a JSON object, got {type(d).__name__}")
         if d.get("version") != PROBE_VERSION:
             raise ProfileError(f"profile version {d.get('version')!r}, this planforge writes {PROBE_VERSION}")
+        d = {**_ADDED_FIELDS, **d}  # profiles stored before these fields existed are still valid
         names = {f.name for f in fields(cls)}
         missing, extra = sorted(names - d.keys()), sorted(d.keys() - names)
         if missing or extra:
@@ -187,6 +214,8 @@ class DeviceProfile:
                 continue
             if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
                 raise ProfileError(f"field {name}: expected {'/'.join(k.__name__ for k in kinds)}, got {v!r}")
+        if d["other_load"] is not None and not 0 <= d["other_load"] <= 1:
+            raise ProfileError(f"field other_load: expected a share from 0 to 1, got {d['other_load']!r}")
         try:
             caches = {str(k): CacheLevel(**{f: int(c[f]) for f in ("bytes", "shared_by", "instances")})
                       for k, c in d["caches"].items()}
@@ -217,7 +246,10 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "bandwidth": ((dict,), False), "bandwidth_1t": ((dict,), False), "call_overhead_s": (_NUM, False),
     "compiler": ((str,), False), "openmp": ((bool,), False), "measured_at": ((str,), False),
     "probe_seconds": (_NUM, False), "quick": ((bool,), False), "notes": ((list,), False), "version": ((int,), False),
+    "other_load": (_NUM, True),
 }
+# Fields added within a probe version, with the value a profile stored without them gets.
+_ADDED_FIELDS: dict[str, Any] = {"other_load": None}
 
 
 # ---------------------------------------------------------------- hardware facts
@@ -408,6 +440,59 @@ def _physical_cores(root: Path, cpus: list[int], info: list[dict[str, str]]) -> 
     pairs = {(b.get("physical id"), b.get("core id")) for b in info
              if b.get("processor", "").isdigit() and int(b["processor"]) in cpus and "core id" in b}
     return len(pairs) or None
+
+
+# ---------------------------------------------------------------- other processes' load
+
+class CpuTicks(NamedTuple):
+    """CPU time so far, in clock ticks: all CPUs busy and in total (/proc/stat), and this process's own."""
+
+    busy: float
+    total: float
+    own: float
+
+
+def _cpu_snapshot(stat: str | Path = "/proc/stat") -> CpuTicks | None:
+    """Read the aggregate ``cpu`` line of ``stat`` and this process's CPU time; None where unreadable.
+
+    busy = user + nice + system + irq + softirq + steal (guest time is already
+    in user and nice); total adds idle and iowait. Own time is ``os.times()``:
+    user + system of this process (all its threads) and of its waited-for
+    children (the compiler), converted to the same clock ticks.
+    """
+    text = _read(Path(stat))
+    if not text or not text.startswith("cpu "):
+        return None
+    try:
+        v = [int(x) for x in text.split("\n", 1)[0].split()[1:9]]
+        tick = os.sysconf("SC_CLK_TCK")
+    except (ValueError, AttributeError, OSError):
+        return None
+    if len(v) < 4 or tick <= 0:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = v + [0] * (8 - len(v))
+    busy = user + nice + system + irq + softirq + steal
+    t = os.times()
+    own = (t.user + t.system + t.children_user + t.children_system) * tick
+    return CpuTicks(busy, busy + idle + iowait, own)
+
+
+def _other_load(before: CpuTicks | None, after: CpuTicks | None) -> float | None:
+    """Share (0..1) of all CPUs' time between two snapshots that other processes used; None when unknown."""
+    if before is None or after is None or after.total <= before.total:
+        return None
+    others = (after.busy - before.busy) - (after.own - before.own)
+    return min(1.0, max(0.0, others / (after.total - before.total)))
+
+
+def sample_other_load(seconds: float = QUIET_SAMPLE_S) -> float | None:
+    """How busy other processes keep this machine now: their share of all CPUs over ``seconds``;
+    None where /proc/stat cannot be read."""
+    before = _cpu_snapshot()
+    if before is None:
+        return None
+    time.sleep(seconds)
+    return _other_load(before, _cpu_snapshot())
 
 
 # ---------------------------------------------------------------- measuring
@@ -878,8 +963,11 @@ def measure(hw: Hardware | None = None, quick: bool = False,
         progress: called with a short label before each step (default: nothing).
     Raises ``CompilerMissing`` without a C compiler, ``BuildError`` when the
     probe's C source does not compile, ``ProbeError`` when a kernel cannot run.
+    Warns (``RuntimeWarning``) when other processes used more than
+    ``BUSY_LOAD`` of the CPUs meanwhile (the profile's ``other_load``).
     """
     t_start = time.perf_counter()
+    ticks0 = _cpu_snapshot()
     hw = hw or hardware()
     say = progress or (lambda _msg: None)
     effort = QUICK if quick else FULL
@@ -917,6 +1005,12 @@ def measure(hw: Hardware | None = None, quick: bool = False,
                      "(measure again with --force when the machine is quieter)")
     say("call overhead")
     overhead = _call_overhead(lib, effort)
+    load = _other_load(ticks0, _cpu_snapshot())
+    if load is not None and load > BUSY_LOAD:
+        warnings.warn(f"other processes used {load:.0%} of all CPUs while this machine was measured, so its "
+                      f"peak FLOP/s and bandwidth figures may be low; measure again when it is quieter "
+                      f"(planforge probe --force), or let the next use of the cached profile do so once the "
+                      f"machine is quiet", RuntimeWarning, stacklevel=2)
     return DeviceProfile(
         fingerprint=hw.fingerprint, arch=hw.arch, cpu_model=hw.cpu_model, isa=list(hw.isa),
         vector_lanes_fp32=hw.vector_lanes_fp32, logical_cores=hw.logical_cores, physical_cores=hw.physical_cores,
@@ -925,7 +1019,8 @@ def measure(hw: Hardware | None = None, quick: bool = False,
         peak_flops_1t_by_bits=by_bits, bandwidth=bw_all, bandwidth_1t=bw_1t, call_overhead_s=overhead,
         compiler=compiler()[1], openmp=openmp,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        probe_seconds=round(time.perf_counter() - t_start, 3), quick=quick, notes=notes)
+        probe_seconds=round(time.perf_counter() - t_start, 3), quick=quick,
+        other_load=None if load is None else round(load, 3), notes=notes)
 
 
 # ---------------------------------------------------------------- cache
@@ -955,6 +1050,10 @@ def get_profile(force: bool = False, quick: bool = False,
         progress: passed to ``measure`` (default: nothing).
     A cached file that is corrupt, from another probe version or for other
     hardware is measured again and replaced, with a ``RuntimeWarning``.
+    A cached profile measured while other processes used more than
+    ``BUSY_LOAD`` of the CPUs is measured again (with a ``RuntimeWarning``
+    saying why) when a ``QUIET_SAMPLE_S`` sample finds them under
+    ``QUIET_LOAD`` now; otherwise it is used, with a ``RuntimeWarning``.
     """
     hw = hardware()
     path = profile_path(hw.fingerprint)
@@ -964,7 +1063,18 @@ def get_profile(force: bool = False, quick: bool = False,
             if cached.fingerprint != hw.fingerprint:
                 raise ProfileError(f"it belongs to machine {cached.fingerprint}")
             if quick or not cached.quick:
-                return cached
+                if not cached.measured_busy:
+                    return cached
+                now = sample_other_load(QUIET_SAMPLE_S)
+                busy = (f"cached device profile {path} was measured while other processes used "
+                        f"{cached.other_load:.0%} of all CPUs, so its figures may be low")
+                if now is None or now >= QUIET_LOAD:
+                    state = "of unknown load" if now is None else f"still busy ({now:.0%})"
+                    warnings.warn(f"{busy}; the machine is {state} now, so it is used as it is "
+                                  f"(planforge probe --force measures again)", RuntimeWarning, stacklevel=2)
+                    return cached
+                warnings.warn(f"{busy}; the machine is quiet now ({now:.0%}): measuring again", RuntimeWarning,
+                              stacklevel=2)
         except ProfileError as e:
             warnings.warn(f"cached device profile {path} is unusable ({e}); measuring again", RuntimeWarning,
                           stacklevel=2)
