@@ -10,6 +10,7 @@ and the next job gets a fresh process.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -55,6 +56,11 @@ def _serve(jobs: Connection, results: Connection, memory_limit: int | None) -> N
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
 
 
+def _preload(module: str) -> None:
+    """Import ``module`` in the worker (the first thing a fresh worker does)."""
+    importlib.import_module(module)
+
+
 def _signal_name(code: int | None) -> str:
     if code is None:
         return "unknown"
@@ -64,6 +70,9 @@ def _signal_name(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"
+
+
+STARTUP_TIMEOUT = 120.0  # seconds a fresh worker may take to start and import a job's module
 
 
 class Worker:
@@ -110,11 +119,23 @@ class Worker:
         return self._proc.pid if self._proc is not None else None
 
     def run(self, fn: Callable, args: tuple = (), timeout: float = 60.0) -> JobResult:
-        """Run ``fn(*args)`` in the child (``fn`` must be importable by name)."""
+        """Run ``fn(*args)`` in the child (``fn`` must be importable by name).
+
+        ``timeout`` covers the job alone: a fresh child first imports ``fn``'s
+        module (numpy and all) under ``STARTUP_TIMEOUT``, so that a slow start
+        on a busy machine is not blamed on the job as a timeout."""
         if self._proc is None or self._proc.poll() is not None:
             if self._proc is not None:
                 self.restarts += 1
             self._start()
+            warm = self._call(_preload, (fn.__module__,), STARTUP_TIMEOUT)
+            if warm.status != "ok":
+                self._kill()
+                return JobResult("crashed", message=f"worker could not start ({warm.status}): {warm.message}",
+                                 wall_s=warm.wall_s)
+        return self._call(fn, args, timeout)
+
+    def _call(self, fn: Callable, args: tuple, timeout: float) -> JobResult:
         t0 = time.perf_counter()
         try:
             self._send.send((fn, args))
