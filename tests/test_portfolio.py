@@ -171,3 +171,10 @@ def test_thompson_value_features_see_alignment_and_trust_region_stays_near_the_b
         t.tell([(c, Outcome.measured([table[c.fingerprint]]))])
     assert min(table[c.fingerprint] for c in seen) == min(table.values())
     assert len({c.fingerprint for c in seen}) == 30
+
+
+def test_thompson_rejects_an_empty_trust_region_setting():
+    space = Space([int_range("a", 0, 9)])
+    for bad in ({"global_every": 0}, {"top": 0}, {"radius": 0}):
+        with pytest.raises(ValueError, match="global_every, top and radius must be at least 1"):
+            make_strategy("thompson", space, 0, **bad)
