@@ -3,7 +3,7 @@
 Two parts:
 
 ``rank``: on each recorded space in ``../shared/benchmark_hub/`` (read and
-replayed by ``planforge.backends.replay``), shuffle the configurations with a
+replayed by ``planforge.targets.replay.replay``), shuffle the configurations with a
 seed, train the LightGBM lambdarank model (knob values only: these GPU spaces
 have no analytic model) on the first 200 and report its Spearman and Kendall
 with the measured times, and its top-10 recall, on the rest; over 10 seeds.
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planforge.backends import TableBackend
+from planforge.targets.table import TableBackend
 from planforge.costmodel import kendall, spearman, top_k_recall
 from planforge.costmodel.learned import LearnedRanker
 from planforge.search import Budget, make_strategy, search
@@ -44,7 +44,7 @@ WITHIN = 0.05
 
 def recorded():
     """(label, space, backend, optimum, {fingerprint: metric or None}) per recorded file."""
-    from planforge.backends.replay import load_replay
+    from planforge.targets.replay.replay import load_replay
 
     for path in sorted(HUB.glob("*/*.json*")):
         r = load_replay(path)
@@ -87,10 +87,10 @@ def rank(seeds: int, train: int) -> list[dict]:
 
 def cpu_samples():
     """The CPU samples of bench/funnel.py as (label, funnel-screened space, table backend, optimum, model)."""
-    from planforge.backends.probe import get_profile
+    from planforge.targets.cpu.probe import get_profile
     from planforge.costmodel.analytic import AnalyticModel
     from planforge.costmodel.funnel import Funnel, Screened, Subspace
-    from planforge.kernels.cpu import TEMPLATES, Problem, limits
+    from planforge.targets.cpu.templates import TEMPLATES, Problem, limits
 
     prof = get_profile()
     for path in sorted(RESULTS.glob("funnel-*.json")):

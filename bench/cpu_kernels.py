@@ -20,8 +20,8 @@ import os
 import sys
 import time
 
-from planforge.backends.probe import get_profile
-from planforge.kernels.cpu import flops, min_bytes
+from planforge.targets.cpu.probe import get_profile
+from planforge.targets.cpu.templates import flops, min_bytes
 from planforge.search import Budget
 from planforge.tune import tune
 from planforge.workloads import load_workload

@@ -24,8 +24,8 @@ import sys
 import tempfile
 import time
 
-from planforge.backends.probe import get_profile
-from planforge.kernels.cpu import Problem
+from planforge.targets.cpu.probe import get_profile
+from planforge.targets.cpu.templates import Problem
 from planforge.outcome import Outcome
 from planforge.search import Budget, make_strategy, search
 from planforge.search.asyncloop import search_on
@@ -72,7 +72,7 @@ def run(kind: str, problem: Problem, profile, budget: int, seed: int, executor: 
 
 def strategy_rate(profile, n: int = 2000) -> dict[str, float]:
     """Candidates per second a strategy absorbs (ask(1) + tell), on a large GEMM space, with made-up times."""
-    from planforge.kernels.cpu import TEMPLATES, limits
+    from planforge.targets.cpu.templates import TEMPLATES, limits
 
     p = Problem("gemm", (256, 1024, 1024), "bias_relu")
     space = TEMPLATES["gemm"].space(p, limits(profile))
@@ -94,8 +94,8 @@ def strategy_rate(profile, n: int = 2000) -> dict[str, float]:
 def driver_rate(profile, executor: dict | None, n: int = 1000) -> float:
     """Candidates per second the whole driver path absorbs when measuring costs nothing: strategy, loop,
     executor round trip and a committed records insert per outcome (a zero-delay table over a GEMM space)."""
-    from planforge.backends.table import TableBackend
-    from planforge.kernels.cpu import TEMPLATES, limits
+    from planforge.targets.table.table import TableBackend
+    from planforge.targets.cpu.templates import TEMPLATES, limits
 
     p = Problem("gemm", (256, 1024, 1024), "bias_relu")
     space = TEMPLATES["gemm"].space(p, limits(profile))

@@ -38,12 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
-from planforge.backends.cpu import CpuBackend
-from planforge.backends.probe import get_profile
+from planforge.targets.cpu.kernel import CpuBackend
+from planforge.targets.cpu.probe import get_profile
 from planforge.costmodel import kendall, spearman
 from planforge.costmodel.analytic import AnalyticModel
 from planforge.costmodel.columns import index_columns, valid_points
-from planforge.kernels.cpu import TEMPLATES, Problem, limits
+from planforge.targets.cpu.templates import TEMPLATES, Problem, limits
 from planforge.measure import TimingConfig
 
 SHAPES = {"64x256x256": Problem("gemm", (64, 256, 256), "bias_relu"),

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from planforge.api import load
-from planforge.backends.graph import numpy_forward
+from planforge.targets.cpu.graph import numpy_forward
 from planforge.ir import ZOO, Graph
 from planforge.measure import TimingConfig, time_fn
 from planforge.search import Budget

@@ -62,8 +62,8 @@ from pathlib import Path
 
 import numpy as np
 
-from planforge.backends.formats import FormatError, read_t1
-from planforge.backends.replay import Replay, load_replay
+from planforge.targets.replay.formats import FormatError, read_t1
+from planforge.targets.replay.replay import Replay, load_replay
 from planforge.search.benchmark import replay_run
 from planforge.search.scoring import Score, score
 from planforge.spec.export import rows_from_entries, to_kernel_tuner, write_json

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planforge.backends.replay import load_replay
+from planforge.targets.replay.replay import load_replay
 from planforge.search.benchmark import benchmark
 
 HUB = Path(__file__).resolve().parents[2] / "shared" / "benchmark_hub"

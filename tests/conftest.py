@@ -29,13 +29,13 @@ os.environ.setdefault("PLANFORGE_PROBE", "quick")
 
 @pytest.fixture(scope="session")
 def profile():
-    from planforge.backends.probe import get_profile
+    from planforge.targets.cpu.probe import get_profile
 
     return get_profile(quick=True)
 
 
 @pytest.fixture(scope="session")
 def lim(profile):
-    from planforge.kernels.cpu import limits
+    from planforge.targets.cpu.templates import limits
 
     return limits(profile)

@@ -1,7 +1,7 @@
 """A template whose knob plants a fault: used to prove that faults become outcomes."""
-from planforge.kernels.cpu import Template
-from planforge.kernels.cpu.common import HEADER
-from planforge.kernels.cpu.gemv import bind as gemv_bind
+from planforge.targets.cpu.templates import Template
+from planforge.targets.cpu.templates.common import HEADER
+from planforge.targets.cpu.templates.gemv import bind as gemv_bind
 from planforge.space import Space, categorical
 
 MODES = ("ok", "crash", "hang", "wrong", "oob", "badsyntax", "abort")

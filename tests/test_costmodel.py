@@ -6,13 +6,13 @@ import random
 import numpy as np
 import pytest
 
-from planforge.backends import TableBackend
+from planforge.targets.table import TableBackend
 from planforge.costmodel import spearman, top_k_recall
 from planforge.costmodel.analytic import AnalyticModel, Ceilings
 from planforge.costmodel.columns import index_columns, ravel, valid_points
 from planforge.costmodel.funnel import Funnel, Screened, Subspace, pruned_fraction
 from planforge.costmodel.learned import LearnedRanker, grades
-from planforge.kernels.cpu import TEMPLATES, Problem, flops
+from planforge.targets.cpu.templates import TEMPLATES, Problem, flops
 from planforge.search import Budget, STRATEGIES, make_strategy, search
 from planforge.space import Space, categorical, int_range, pow2
 from planforge.space import fingerprint_of
@@ -137,7 +137,7 @@ def test_gemv_row_layout_past_a_page_streams_slower_than_packed():
 
 def test_model_on_a_profile_needs_its_ceilings(profile):
     p = Problem("softmax", (4, 32))
-    from planforge.kernels.cpu import limits
+    from planforge.targets.cpu.templates import limits
 
     m = AnalyticModel.for_problem(p, TEMPLATES["softmax"].space(p, limits(profile)), profile)
     assert m.ceil.fingerprint == profile.fingerprint and max(m.ceil.rate_bits.values()) == pytest.approx(

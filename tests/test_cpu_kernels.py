@@ -3,9 +3,9 @@ import random
 
 import pytest
 
-from planforge.backends.cpu import CpuBackend
-from planforge.kernels.build import build
-from planforge.kernels.cpu import TEMPLATES, Problem, ProblemError, limits
+from planforge.targets.cpu.kernel import CpuBackend
+from planforge.targets.cpu.build import build
+from planforge.targets.cpu.templates import TEMPLATES, Problem, ProblemError, limits
 from planforge.measure import AdaptiveTimeout, TimingConfig
 from planforge.search import Budget, make_strategy, search
 
@@ -115,7 +115,7 @@ def test_corrupt_cached_library_is_rebuilt(tmp_path, monkeypatch):
     first.path.write_bytes(b"not a library")  # a truncated or clobbered cache entry
     again = build(src)
     assert not again.cached and again.path == first.path
-    from planforge.kernels.build import load
+    from planforge.targets.cpu.build import load
 
     assert load(again).pf_answer() == 42
 

@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 
 from conftest import run_cli
-from planforge.backends.table import TableBackend
+from planforge.targets.table.table import TableBackend
 from planforge.measure.executor import CoreClaim, ExecutorError, LocalExecutor, core_sets, make_executor
 from planforge.outcome import Outcome
 from planforge.search import Budget, make_strategy, search
@@ -103,7 +103,7 @@ def test_core_sets_and_claims_never_share_a_core(tmp_path):
 
 def test_cpu_slots_pin_their_workers_to_distinct_cores(tmp_path, monkeypatch, profile):
     from planforge.workloads.kernels import kernel_workload
-    from planforge.kernels.cpu import Problem
+    from planforge.targets.cpu.templates import Problem
 
     monkeypatch.setenv("PLANFORGE_CORE_LOCKS", str(tmp_path))
     task = kernel_workload(Problem("gemv", (32, 32), "none"), profile=profile).tasks[0]
@@ -327,7 +327,7 @@ def test_heterogeneous_run_resumes_per_fingerprint(tmp_path):
 
 
 def test_builds_run_outside_the_measuring_slots(tmp_path, monkeypatch, profile):
-    from planforge.kernels.cpu import Problem
+    from planforge.targets.cpu.templates import Problem
     from planforge.workloads.kernels import kernel_workload
 
     monkeypatch.setenv("PLANFORGE_CORE_LOCKS", str(tmp_path))

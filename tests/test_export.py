@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from planforge.backends.formats import read_recording
-from planforge.backends.replay import load_replay
+from planforge.targets.replay.formats import read_recording
+from planforge.targets.replay.replay import load_replay
 from planforge.outcome import Outcome
 from planforge.search import Budget
 from planforge.spec import Records

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from planforge.backends.graph import tolerance
-from planforge.backends.plan import Plan, Slot, peak_bytes_of, plan_arena
+from planforge.targets.cpu.graph import tolerance
+from planforge.targets.cpu.plan import Plan, Slot, peak_bytes_of, plan_arena
 from planforge.ir import ZOO, GraphBuilder, GraphError, Node
 from planforge.rewrite import Limits, saturate
 from planforge.rewrite.analysis import analyse, estimate

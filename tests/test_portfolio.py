@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from planforge.backends import TableBackend
+from planforge.targets.table import TableBackend
 from planforge.search import STRATEGIES, Budget, make_strategy, search
 from planforge.search.portfolio import AUCBandit, Portfolio
 from planforge.search.scoring import best_so_far, evals_to_within, score

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from planforge.backends import probe as pr
-from planforge.backends.probe import DeviceProfile, ProfileError
+from planforge.targets.cpu import probe as pr
+from planforge.targets.cpu.probe import DeviceProfile, ProfileError
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import math
 import pytest
 import replay_data as data
 
-from planforge.backends.formats import FormatError, read_recording, read_t1
-from planforge.backends.replay import load_replay
+from planforge.targets.replay.formats import FormatError, read_recording, read_t1
+from planforge.targets.replay.replay import load_replay
 from planforge.search import STRATEGIES, Budget, make_strategy, search
 from planforge.search.benchmark import replay_run
 

@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from planforge.backends import TableBackend
+from planforge.targets.table import TableBackend
 from planforge.costmodel import TableProxy
 from planforge.outcome import Outcome
 from planforge.search import STRATEGIES, Budget, make_strategy, search

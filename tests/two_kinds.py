@@ -14,7 +14,7 @@ import os
 from functools import partial
 from pathlib import Path
 
-from planforge.backends.table import TableBackend
+from planforge.targets.table.table import TableBackend
 from planforge.workloads import Workload, load_workload
 
 

@@ -45,7 +45,7 @@ def load(spec_path: str | os.PathLike, check_device: bool = True, graph=None) ->
         raise PlanMismatch(f"{spec_path}: not a graph plan (tasks: {', '.join(spec['tasks'])}); "
                            "tune a model workload to get a runnable plan")
     if check_device and spec["target"]["backend"] == "cpu":
-        from .backends.probe import hardware
+        from .targets.cpu.probe import hardware
 
         here = hardware().fingerprint
         if spec["target"]["fingerprint"] != here:
@@ -63,10 +63,10 @@ class LoadedPlan:
     """Call with the graph's inputs (numpy arrays, or torch tensors on the CPU) in order."""
 
     def __init__(self, spec: dict, graph, task: dict):
-        from .backends.graph import numpy_forward, template_source
-        from .backends.plan import Plan
-        from .kernels.build import build_many
-        from .kernels.cpu import Problem
+        from .targets.cpu.graph import numpy_forward, template_source
+        from .targets.cpu.plan import Plan
+        from .targets.cpu.build import build_many
+        from .targets.cpu.templates import Problem
 
         self.spec, self.graph = spec, graph
         self.fallback = task.get("fallback")

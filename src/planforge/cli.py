@@ -105,7 +105,7 @@ def tune(
     from .search import Budget
     from .space import RestrictionError, SpaceError
     from .spec import RecordsError, SpecError
-    from .kernels.build import CompilerMissing
+    from .targets.cpu.build import CompilerMissing
     from .measure.executor import ExecutorError
     from .tune import tune as run_tune
     from .workloads import WorkloadError, load_workload
@@ -217,8 +217,8 @@ def probe(
     """Measure this machine (peak FLOP/s, bandwidth per memory level, call overhead) and cache the profile."""
     import warnings
 
-    from .backends.probe import LEVELS, ProbeError, get_profile
-    from .kernels.build import BuildError, CompilerMissing
+    from .targets.cpu.probe import LEVELS, ProbeError, get_profile
+    from .targets.cpu.build import BuildError, CompilerMissing
 
     status = err_console.status("probing", spinner="dots")
     error = None
@@ -297,7 +297,7 @@ def run_spec(
     import numpy as np
 
     from .api import load
-    from .backends.graph import tolerance
+    from .targets.cpu.graph import tolerance
     from .measure import time_fn
     from .spec import SpecError
 
@@ -350,7 +350,7 @@ def replay(
     unique evaluations needed to get within 5% of the space's optimum (a run that
     never gets there counts budget + 1), the fraction of runs that got there, and
     the mean best-so-far curve (best / optimum after n evaluations)."""
-    from .backends.formats import FormatError
+    from .targets.replay.formats import FormatError
     from .report.summary import sparkline
     from .search import STRATEGIES
     from .search.benchmark import benchmark, results_json
@@ -364,7 +364,7 @@ def replay(
         _fail("proxy-topk needs a cost model, which a recorded space does not have")
     if budget < 1 or seeds < 1 or jobs < 1:
         _fail(f"--budget, --seeds and --jobs must be at least 1 (got {budget}, {seeds}, {jobs})")
-    from .backends.replay import load_replay
+    from .targets.replay.replay import load_replay
 
     replays = []
     try:

@@ -7,9 +7,9 @@ RLIMIT_AS bounds it; without a limit it stops at 6 GiB and succeeds, which the
 suite would report as a fault not injected).
 """
 import faulty_templates
-from planforge.kernels.cpu import Template
-from planforge.kernels.cpu.common import HEADER
-from planforge.kernels.cpu.gemv import bind as gemv_bind
+from planforge.targets.cpu.templates import Template
+from planforge.targets.cpu.templates.common import HEADER
+from planforge.targets.cpu.templates.gemv import bind as gemv_bind
 from planforge.space import Space, categorical
 
 BODY = {

@@ -8,8 +8,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from planforge.backends.cpu import CpuBackend
-from planforge.kernels.cpu import Problem
+from planforge.targets.cpu.kernel import CpuBackend
+from planforge.targets.cpu.templates import Problem
 from planforge.measure import AdaptiveTimeout, TimingConfig
 from planforge.search import Budget, make_strategy
 from planforge.search.asyncloop import search_async

@@ -275,7 +275,7 @@ class AnalyticModel:
 
     @classmethod
     def for_problem(cls, problem, space: Space, profile, cold: bool = False, ceilings: Ceilings | None = None):
-        from ..kernels.cpu import flops, limits
+        from ..targets.cpu.templates import flops, limits
 
         return cls(problem.op, problem.dims, problem.epilogue, flops(problem),
                    ceilings or Ceilings.from_profile(profile), space, cold, limits(profile).vector_registers)

@@ -14,7 +14,7 @@ import math
 import os
 from pathlib import Path
 
-from ..kernels.build import BuildError, CompilerMissing, build, cache_dir, load
+from ..targets.cpu.build import BuildError, CompilerMissing, build, cache_dir, load
 
 _SOURCE = r"""
 #include <omp.h>

@@ -118,7 +118,7 @@ def node_device() -> str:
     """This node's hardware fingerprint (read once per process): code built
     with ``-march=native`` runs only where it matches."""
     if not _DEVICE:
-        from ..backends.probe import hardware
+        from ..targets.cpu.probe import hardware
 
         _DEVICE.append(hardware().fingerprint)
     return _DEVICE[0]
@@ -144,7 +144,7 @@ def build_stage(builder: Callable, c: Candidate, ship: bool = False) -> Artifact
         return Artifact(failed=lib, seconds=seconds, where=where)
     if not ship:
         return Artifact(path=lib, seconds=seconds, where=where)
-    from ..kernels.build import artifact
+    from ..targets.cpu.build import artifact
 
     name, data = artifact(lib)
     return Artifact(path=lib, name=name, data=data, device=node_device(), seconds=seconds, where=where)
@@ -450,7 +450,7 @@ class _Slot:
             if isinstance(lib, Outcome):
                 return lib, self.backend.fingerprint
         else:
-            from ..kernels.build import install
+            from ..targets.cpu.build import install
 
             lib = str(install(built.name, built.data))
         return self.backend.measure_built(c, lib), self.backend.fingerprint

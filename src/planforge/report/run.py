@@ -46,7 +46,7 @@ def task_work(task) -> dict[str, Any] | None:
     b = task.backend
     problem = getattr(b, "problem", None)
     if problem is not None:
-        from ..kernels.cpu import flops, min_bytes
+        from ..targets.cpu.templates import flops, min_bytes
 
         return {"flops": flops(problem), "bytes": min_bytes(problem)}
     graph = getattr(b, "graph", None)

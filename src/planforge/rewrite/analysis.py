@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..ir import Graph
-from ..kernels.cpu import Problem
+from ..targets.cpu.templates import Problem
 from .egraph import EClassGraph, ENode
 
 EPI_OF_ACT = {"none": "bias", "relu": "bias_relu", "gelu:tanh": "bias_gelu"}

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ..backends.replay import Replay, load_replay
+from ..targets.replay.replay import Replay, load_replay
 from .loop import Budget, search
 from .scoring import Score, score
 from .strategies import make_strategy

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 from importlib import resources
 
-from ..backends import TableBackend
+from ..targets.table import TableBackend
 from ..costmodel import TableProxy
 from ..space import Candidate, Space, gene
 from ..validate import AccumulationCheck, MemoryBudget

@@ -7,9 +7,9 @@ the best library when the tuned kernel is not within 95% of it.
 """
 from __future__ import annotations
 
-from ..backends.cpu import CpuBackend
+from ..targets.cpu.kernel import CpuBackend
 from ..costmodel.analytic import AnalyticModel
-from ..kernels.cpu import Problem, ProblemError, TEMPLATES, limits, make_inputs
+from ..targets.cpu.templates import Problem, ProblemError, TEMPLATES, limits, make_inputs
 from .base import Manifest, Task, Workload
 
 
@@ -28,7 +28,7 @@ def kernel_workload(problem: Problem, seed: int = 0, profile=None) -> Workload:
     if profile is None:
         import os
 
-        from ..backends.probe import get_profile
+        from ..targets.cpu.probe import get_profile
 
         # PLANFORGE_PROBE=quick accepts (or measures) a quick profile: for tests and CI
         profile = get_profile(quick=os.environ.get("PLANFORGE_PROBE", "") == "quick")

@@ -13,10 +13,10 @@ import time
 from functools import partial
 from typing import Any
 
-from ..backends.graph import GraphBackend
-from ..backends.plan import peak_bytes_of
+from ..targets.cpu.graph import GraphBackend
+from ..targets.cpu.plan import peak_bytes_of
 from ..ir import ZOO, Graph
-from ..kernels.cpu import default_knobs, knob_space, limits
+from ..targets.cpu.templates import default_knobs, knob_space, limits
 from ..rewrite import Limits, saturate
 from ..rewrite.analysis import analyse, estimate
 from ..rewrite.extract import greedy, ilp, prune_memory, usable
@@ -38,7 +38,7 @@ def _rulesets(graph: Graph) -> list[str]:
 def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = None, memory_budget_mb: float = 1024,
                    seed: int = 0, node_limit: int = 20_000, profile=None) -> Workload:
     if profile is None:
-        from ..backends.probe import get_profile
+        from ..targets.cpu.probe import get_profile
 
         profile = get_profile(quick=os.environ.get("PLANFORGE_PROBE", "") == "quick")
     lim = limits(profile)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from ...space import Space, categorical, pow2
+from ....space import Space, categorical, pow2
 from .common import EPI_CODE, HEADER
 
 COMPILE_KNOBS = ("mr", "nv", "pack_a", "pack_b", "order", "unroll", "vec")

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...measure.timing import TimingConfig, time_fn
-from .ops import LIBRARIES, Problem, check, make_inputs, output_shape, reference, tolerance
+from .templates.problem import LIBRARIES, Problem, check, make_inputs, output_shape, reference, tolerance
 
 GUARD = 4096  # floats on each side of the output
 SENTINEL = np.float32(-1.2345e30)

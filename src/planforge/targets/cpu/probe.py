@@ -36,8 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from ..kernels.build import BuildError, build, cache_dir, compiler, load
-from ..space import fingerprint_of
+from .build import BuildError, build, cache_dir, compiler, load
+from ...space import fingerprint_of
 
 PROBE_VERSION = 1
 

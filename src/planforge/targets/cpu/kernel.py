@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Sequence
 
-from ..kernels.build import BuildError, build_many
-from ..kernels.cpu import Problem, Template, available_libraries
-from ..kernels.cpu.job import run_job
-from ..measure import AdaptiveTimeout, TimingConfig, Worker
-from ..outcome import Outcome
-from .base import LOG_LIMIT, measure_isolated
-from ..space import Candidate
+from .build import BuildError, build_many
+from .templates import Problem, Template, available_libraries
+from .job import run_job
+from ...measure import AdaptiveTimeout, TimingConfig, Worker
+from ...outcome import Outcome
+from ...measure.isolated import LOG_LIMIT, measure_isolated
+from ...space import Candidate
 
 
 
@@ -160,7 +160,7 @@ def build_libraries(problem: Problem, template: Template, candidates: Sequence[C
 
 
 def _build_on(problem: dict, template: str, candidates: Sequence[Candidate]) -> list[str | Outcome]:
-    from ..kernels.cpu.job import template as find_template
+    from .job import template as find_template
 
     return build_libraries(Problem.from_json(problem), find_template(template), candidates)
 
@@ -169,8 +169,8 @@ def _remote_cpu_backend(problem: dict, template: str, profile, timing: dict, see
                         timeout: tuple[float, float, float], cpus: tuple[int, ...] | None = None) -> CpuBackend:
     """Rebuild a CpuBackend in an executor slot. On another kind of machine the
     slot's own profile is used, so its times carry its own fingerprint."""
-    from ..backends.probe import get_profile, hardware
-    from ..kernels.cpu.job import template as find_template
+    from .probe import get_profile, hardware
+    from .job import template as find_template
 
     if hardware().fingerprint != profile.fingerprint:
         profile = get_profile(quick=True)

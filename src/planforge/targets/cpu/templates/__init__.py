@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ...space import Space
+from ....space import Space
 from . import gemm, gemv, mlp, rowwise
-from .ops import LIBRARIES, OPS, Problem, ProblemError, available_libraries, check, flops, make_inputs, min_bytes, \
+from .problem import LIBRARIES, OPS, Problem, ProblemError, available_libraries, check, flops, make_inputs, min_bytes, \
     output_shape, reference, tolerance
 
 
@@ -26,7 +26,7 @@ class Template:
     source: Callable[[Problem, dict], str]
     bind: Callable[..., Callable[[], None]]
     features: Callable[[Problem, dict], dict[str, float]]
-    registry: str = "planforge.kernels.cpu"  # module whose TEMPLATES holds it (workers look it up there)
+    registry: str = "planforge.targets.cpu.templates"  # module whose TEMPLATES holds it (workers look it up there)
 
     def openmp(self, knobs: dict) -> bool:
         return knobs.get("threads", 1) > 1

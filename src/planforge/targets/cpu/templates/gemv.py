@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ...space import Space, categorical
+from ....space import Space, categorical
 from .common import EPI_CODE, HEADER
 
 COMPILE_KNOBS = ("vec", "jb", "ksplit", "unroll", "w_layout")

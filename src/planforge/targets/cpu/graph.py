@@ -13,15 +13,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..ir import Graph
-from ..ir.graph import apply_op
-from ..kernels.build import build_many
-from ..kernels.cpu import TEMPLATES
-from ..kernels.cpu import mlp as mlp_template
-from ..measure import AdaptiveTimeout, TimingConfig, Worker, time_fn
-from ..outcome import Outcome
-from .base import LOG_LIMIT, measure_isolated
-from ..space import Candidate
+from ...ir import Graph
+from ...ir.graph import apply_op
+from .build import build_many
+from .templates import TEMPLATES
+from .templates import mlp as mlp_template
+from ...measure import AdaptiveTimeout, TimingConfig, Worker, time_fn
+from ...outcome import Outcome
+from ...measure.isolated import LOG_LIMIT, measure_isolated
+from ...space import Candidate
 from .plan import Plan
 
 U32 = 2.0**-24
@@ -131,7 +131,7 @@ class GraphBackend:
             steps = {s["cls"]: s for s in program}
             items = []
             for nid, problem, knobs in self.genome.template_steps(cfg):
-                from ..space.genome import short
+                from ...space.genome import short
 
                 cls = short(self.genome.eg.node(nid).eclass)
                 src, omp = template_source(problem, knobs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from ...space import Space, categorical
+from ....space import Space, categorical
 from .common import HEADER
 
 COMPILE_KNOBS = ("vec", "unroll", "passes")

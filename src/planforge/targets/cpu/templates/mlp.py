@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...space import Space, categorical
+from ....space import Space, categorical
 from .common import EPI_CODE, HEADER
 from .gemv import block_source, pack_weights, tail_source
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from ..outcome import Outcome
-from ..space import Candidate, Knob, Space, SpaceError
+from ...outcome import Outcome
+from ...space import Candidate, Knob, Space, SpaceError
 from .formats import Config, FormatError, Recording, read_recording
 
 

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..outcome import CATEGORIES, Outcome
-from ..space import RestrictionError
-from ..space.restrict import compile_expr, parse
+from ...outcome import CATEGORIES, Outcome
+from ...space import RestrictionError
+from ...space.restrict import compile_expr, parse
 
 Value = Any
 Config = tuple  # parameter values in the recording's parameter order

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Mapping, Sequence
 
-from ..outcome import Outcome
-from ..space import Candidate, fingerprint_of
+from ...outcome import Outcome
+from ...space import Candidate, fingerprint_of
 
 
 @dataclass

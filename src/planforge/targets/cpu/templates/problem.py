@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...space import fingerprint_of
+from ....space import fingerprint_of
 from .common import EPILOGUES, GELU_C0, GELU_C1
 from .rowwise import LN_EPS, parse_chain
 

@@ -16,11 +16,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..ir import Graph
-from ..ir.graph import apply_op
-from ..kernels.cpu import TEMPLATES, Problem
-from ..kernels.cpu import mlp as mlp_template
-from ..kernels.cpu.ops import numpy_gelu
+from ...ir import Graph
+from ...ir.graph import apply_op
+from .templates import TEMPLATES, Problem
+from .templates import mlp as mlp_template
+from .templates.problem import numpy_gelu
 
 ALIGN = 16  # floats: 64-byte aligned slots
 U32 = 2.0**-24
