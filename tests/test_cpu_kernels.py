@@ -121,7 +121,7 @@ def test_corrupt_cached_library_is_rebuilt(tmp_path, monkeypatch):
 
 
 def test_missing_compiler_is_a_clear_error(monkeypatch):
-    from planforge.kernels import build as b
+    from planforge.targets.cpu import build as b
 
     b.compiler.cache_clear()
     monkeypatch.setenv("CC", "no-such-cc-xyz")
