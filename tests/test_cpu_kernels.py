@@ -130,3 +130,69 @@ def test_missing_compiler_is_a_clear_error(monkeypatch):
             b.build("int f(void){return 1;}")
     finally:
         b.compiler.cache_clear()
+
+
+# -- PLANFORGE_ISA: the code path ---------------------------------------------------------------------------
+ISA_SRC = "int pf_isa(void) {\n#if defined(__AVX512F__)\n  return 512;\n#elif defined(__AVX2__)\n  return 256;\n" \
+          "#else\n  return 0;\n#endif\n}\n"
+
+
+def _native_macros():
+    from planforge.targets.cpu.build import _macros, compiler
+
+    return _macros(compiler()[0], ()) or set()
+
+
+@pytest.mark.skipif(not {"__AVX2__", "__FMA__"} <= _native_macros(), reason="needs a CPU with AVX2 and FMA")
+def test_avx2_builds_have_no_avx512_and_a_cache_key_of_their_own(tmp_path, monkeypatch):
+    from planforge.targets.cpu.build import isa_flags, load
+
+    monkeypatch.setenv("PLANFORGE_CACHE", str(tmp_path))
+    avx512 = "__AVX512F__" in _native_macros()
+    native, avx2 = build(ISA_SRC, isa="native"), build(ISA_SRC, isa="avx2")
+    assert load(native).pf_isa() == (512 if avx512 else 256)
+    assert load(avx2).pf_isa() == 256
+    assert native.key != avx2.key and "-mno-avx512f" in isa_flags("avx2") and isa_flags("native") == ()
+    # the environment variable is the default, and reaches the parallel builder too
+    monkeypatch.setenv("PLANFORGE_ISA", "avx2")
+    assert build(ISA_SRC).path == avx2.path
+    from planforge.targets.cpu.build import build_many
+
+    assert [b.path for b, _err, _log in build_many([(ISA_SRC, False)], workers=1)] == [avx2.path]
+    if avx512:
+        assert build(ISA_SRC, isa="avx512").path == native.path  # on an AVX-512 CPU, avx512 is native
+
+
+@pytest.mark.skipif(not {"__AVX2__", "__FMA__"} <= _native_macros(), reason="needs a CPU with AVX2 and FMA")
+def test_avx2_template_with_16_wide_vectors_emits_no_zmm(tmp_path, monkeypatch, profile):
+    """A template kernel asked for 16 fp32 lanes under avx2 is split into 256-bit halves: not one
+    instruction touches a 512-bit register (an AVX2-only CPU would fault on it)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("objdump"):
+        pytest.skip("needs objdump")
+    monkeypatch.setenv("PLANFORGE_CACHE", str(tmp_path))
+    p = Problem("gemv", (64, 48), "bias_relu")
+    t = TEMPLATES["gemv"]
+    knobs = {"vec": 16, "jb": 2, "ksplit": 2, "unroll": 2, "w_layout": "packed", "threads": 1}
+    src, openmp = t.source(p, knobs), t.openmp(knobs)
+    for isa, zmm in (("avx2", False), ("native", "__AVX512F__" in _native_macros())):
+        lib = build(src, openmp=openmp, isa=isa)
+        asm = subprocess.run(["objdump", "-d", str(lib.path)], capture_output=True, text=True, check=True).stdout
+        assert ("%zmm" in asm) == zmm, isa
+
+
+def test_unknown_isa_is_a_clear_error(monkeypatch):
+    from planforge.targets.cpu.build import IsaError, build_many, isa_choice
+
+    monkeypatch.setenv("PLANFORGE_ISA", "sse9")
+    with pytest.raises(IsaError, match=r"PLANFORGE_ISA='sse9' is not an ISA planforge can force"):
+        build("int f(void){return 1;}")
+    with pytest.raises(IsaError, match="sse9"):
+        build_many([("int f(void){return 1;}", False)])
+    with pytest.raises(IsaError, match=r"isa='x' is not"):
+        isa_choice("x")
+    if "__AVX512F__" not in _native_macros():
+        with pytest.raises(IsaError, match="no AVX-512"):
+            build("int f(void){return 1;}", isa="avx512")

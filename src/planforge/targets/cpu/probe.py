@@ -18,6 +18,15 @@ Other processes loading the CPUs while the probe runs make its figures low.
 /proc/stat on Linux) and warns above ``BUSY_LOAD``; ``get_profile()`` measures
 a cached profile taken that busy again once a short sample finds the machine
 quiet (under ``QUIET_LOAD``), and otherwise uses it with a warning.
+
+``PLANFORGE_ISA`` forces the view of the ISA (``hardware(isa=...)`` does the
+same for one call): ``avx2`` makes an AVX-512 machine look and compile like an
+AVX2-only one (no ``avx512*`` or ``amx*`` flags, 8 fp32 lanes, so 16 vector
+registers in the templates' limits; every C build gets AVX-512 turned off, see
+``build.isa_flags``), ``avx512`` insists on AVX-512, ``native`` (the default)
+takes the machine as it is. A forced view has a fingerprint of its own
+(``isa_view`` is hashed in), so it never shares a cached profile or recorded
+times with the native one; naming an ISA this CPU lacks is an ``IsaError``.
 """
 from __future__ import annotations
 
@@ -36,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from .build import BuildError, build, cache_dir, compiler, load
+from .build import ISAS, BuildError, IsaError, build, cache_dir, compiler, isa_choice, load
 from ...space import fingerprint_of
 
 PROBE_VERSION = 1
@@ -94,10 +103,12 @@ class Hardware:
     memory_bytes: int | None
     nominal_clock_hz: float | None
     notes: tuple[str, ...] = ()
+    isa_view: str = "native"  # "native", or the ISA that PLANFORGE_ISA forced (``isa`` is then that view's)
 
     @property
     def fingerprint(self) -> str:
-        """Hash of the hardware identity; the clock (it drifts) and the notes are left out."""
+        """Hash of the hardware identity (and of a forced ISA view); the clock (it drifts) and the notes
+        are left out."""
         ident = {
             "arch": self.arch, "cpu_model": self.cpu_model, "isa": sorted(self.isa),
             "logical_cores": self.logical_cores, "physical_cores": self.physical_cores,
@@ -105,6 +116,8 @@ class Hardware:
             # whole GiB: MemTotal moves by a few MB between kernels on the same machine
             "memory_gib": round(self.memory_bytes / 2**30) if self.memory_bytes else None,
         }
+        if self.isa_view != "native":  # only when forced: native fingerprints stay what they always were
+            ident["isa_view"] = self.isa_view
         return fingerprint_of(ident)
 
 
@@ -137,6 +150,9 @@ class DeviceProfile:
     Provenance: ``compiler`` (version line), ``openmp``, ``measured_at`` (UTC,
     ISO 8601), ``probe_seconds``, ``quick`` (short runs), ``notes`` (what
     could not be read or measured), ``version`` (of the probe's format).
+    ``isa_view``: "native", or the ISA ``PLANFORGE_ISA`` forced ("avx2",
+    "avx512"); ``isa``, ``vector_lanes_fp32`` and every measured number are
+    then those of that view.
     ``other_load``: the share (0..1) of all CPUs' time that other processes
     used while this profile was measured (the aggregate /proc/stat counters
     less this process's own CPU time); None where unknown (not Linux, or a
@@ -170,16 +186,12 @@ class DeviceProfile:
     other_load: float | None = None
     notes: list[str] = field(default_factory=list)
     version: int = PROBE_VERSION
+    isa_view: str = "native"
 
     @property
     def measured_busy(self) -> bool:
         """Whether other processes used more than ``BUSY_LOAD`` of the CPUs while this was measured."""
         return self.other_load is not None and self.other_load > BUSY_LOAD
-
-    def cache_bytes(self, name: str) -> int | None:
-        """Size of one instance of cache ``name`` ("L1d", "L2", "L3"); None when unknown."""
-        c = self.caches.get(name)
-        return c.bytes if c else None
 
     def bw(self, level: str, kind: str = "read", all_threads: bool = True) -> float | None:
         """Bandwidth in bytes/s of ``level`` ("L1", "L2", "L3", "DRAM") for ``kind`` ("read" or "copy");
@@ -214,6 +226,8 @@ class DeviceProfile:
                 continue
             if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
                 raise ProfileError(f"field {name}: expected {'/'.join(k.__name__ for k in kinds)}, got {v!r}")
+        if d["isa_view"] not in ISAS:
+            raise ProfileError(f"field isa_view: expected one of {', '.join(ISAS)}, got {d['isa_view']!r}")
         if d["other_load"] is not None and not 0 <= d["other_load"] <= 1:
             raise ProfileError(f"field other_load: expected a share from 0 to 1, got {d['other_load']!r}")
         try:
@@ -246,10 +260,10 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "bandwidth": ((dict,), False), "bandwidth_1t": ((dict,), False), "call_overhead_s": (_NUM, False),
     "compiler": ((str,), False), "openmp": ((bool,), False), "measured_at": ((str,), False),
     "probe_seconds": (_NUM, False), "quick": ((bool,), False), "notes": ((list,), False), "version": ((int,), False),
-    "other_load": (_NUM, True),
+    "other_load": (_NUM, True), "isa_view": ((str,), False),
 }
 # Fields added within a probe version, with the value a profile stored without them gets.
-_ADDED_FIELDS: dict[str, Any] = {"other_load": None}
+_ADDED_FIELDS: dict[str, Any] = {"other_load": None, "isa_view": "native"}
 
 
 # ---------------------------------------------------------------- hardware facts
@@ -313,13 +327,16 @@ def _affinity() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def hardware(root: str | Path = "/") -> Hardware:
+def hardware(root: str | Path = "/", isa: str | None = None) -> Hardware:
     """Read this machine's facts; every source is optional and ``notes`` names the missing ones.
 
     ``root`` prefixes the /proc and /sys paths (tests point it at a fake tree);
     the CPU affinity and the page-count fallback for memory always come from
-    this process.
+    this process. ``isa``: the ISA view ("native", "avx2", "avx512"; default
+    ``$PLANFORGE_ISA``, else native), see the module's docstring; ``IsaError``
+    when the flags read show that this CPU lacks it.
     """
+    view = isa_choice(isa)
     root = Path(root)
     notes: list[str] = []
     cpus = _affinity()
@@ -341,6 +358,7 @@ def hardware(root: str | Path = "/") -> Hardware:
         flags |= {"asimd"} | ({"asimdhp"} if _sysctl("hw.optional.arm.FEAT_FP16") == "1" else set())
     if "asimd" in flags:
         flags.add("neon")
+    flags = _forced_flags(view, flags, arch)
     isa = tuple(f for f in ISA_FLAGS if f in flags)
     if "avx512f" in flags:
         lanes = 16
@@ -391,7 +409,24 @@ def hardware(root: str | Path = "/") -> Hardware:
             clock = float(first["cpu MHz"]) * 1e6
         except ValueError:
             pass
-    return Hardware(arch, model, isa, lanes, len(cpus), physical, caches, memory, clock, tuple(notes))
+    return Hardware(arch, model, isa, lanes, len(cpus), physical, caches, memory, clock, tuple(notes), view)
+
+
+def _forced_flags(view: str, flags: set[str], arch: str) -> set[str]:
+    """The ISA flags as the view ``view`` shows them: avx2 drops AVX-512 and AMX (AMX exists only on
+    AVX-512 parts, and no AVX2-only CPU reports it); ``IsaError`` when the CPU lacks the view's ISA."""
+    if view == "native":
+        return flags
+    if arch not in ("x86_64", "amd64"):
+        raise IsaError(f"PLANFORGE_ISA={view} is for x86-64 CPUs; this one is {arch}: leave it unset")
+    need = {"avx2": ("avx2", "fma"), "avx512": ("avx512f",)}[view]
+    lacking = [f for f in need if f not in flags]
+    if lacking:
+        raise IsaError(f"PLANFORGE_ISA={view}, but this CPU does not report {' and '.join(lacking)} in "
+                       f"/proc/cpuinfo; " + ("use avx2 or " if view == "avx512" else "") + "leave it unset")
+    if view == "avx2":
+        return {f for f in flags if not f.startswith(("avx512", "amx"))}
+    return flags
 
 
 def _caches(root: Path, cpus: list[int]) -> dict[str, CacheLevel]:
@@ -840,12 +875,12 @@ def _best_rate(run: Run, effort: _Effort, n: int | None = None) -> tuple[float, 
     return best, n, clean_ok
 
 
-def _lib(notes: list[str]) -> tuple[ctypes.CDLL, bool]:
+def _lib(notes: list[str], isa: str) -> tuple[ctypes.CDLL, bool]:
     try:
-        lib, openmp = load(build(_SOURCE, openmp=True)), True
+        lib, openmp = load(build(_SOURCE, openmp=True, isa=isa)), True
     except BuildError as e:
         notes.append(f"OpenMP build failed ({e}): measured on 1 thread only, all-thread numbers are 1-thread ones")
-        lib, openmp = load(build(_SOURCE, openmp=False)), False
+        lib, openmp = load(build(_SOURCE, openmp=False, isa=isa)), False
     c = ctypes
     dp = c.POINTER(c.c_double)
     lib.pf_fma.restype, lib.pf_fma.argtypes = c.c_double, [c.c_int, c.c_long, c.c_int, dp, dp]
@@ -957,7 +992,8 @@ def measure(hw: Hardware | None = None, quick: bool = False,
     """Measure a fresh profile of this machine (no cache involved).
 
     Parameters:
-        hw: the facts to measure against (default: ``hardware()``).
+        hw: the facts to measure against (default: ``hardware()``); the probe's
+            kernels are built for its ``isa_view``.
         quick: short runs (about a second in all) instead of 10-30 s; the
             numbers are noisier but ordered the same. Default False.
         progress: called with a short label before each step (default: nothing).
@@ -973,7 +1009,7 @@ def measure(hw: Hardware | None = None, quick: bool = False,
     effort = QUICK if quick else FULL
     notes = list(hw.notes)
     say("building probe kernels")
-    lib, openmp = _lib(notes)
+    lib, openmp = _lib(notes, hw.isa_view)
     threads = lib.pf_team(min(hw.logical_cores, lib.pf_max_threads())) if openmp else 1
     if threads < hw.logical_cores and openmp:
         notes.append(f"all-thread numbers use {threads} of {hw.logical_cores} CPUs (OpenMP gave no more)")
@@ -1020,7 +1056,7 @@ def measure(hw: Hardware | None = None, quick: bool = False,
         compiler=compiler()[1], openmp=openmp,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         probe_seconds=round(time.perf_counter() - t_start, 3), quick=quick,
-        other_load=None if load is None else round(load, 3), notes=notes)
+        other_load=None if load is None else round(load, 3), notes=notes, isa_view=hw.isa_view)
 
 
 # ---------------------------------------------------------------- cache
