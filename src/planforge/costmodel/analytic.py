@@ -1,9 +1,10 @@
-"""Analytic cost model: roofline bounds, on-chip capacity and launch latency, from the DeviceProfile.
+"""Analytic cost model: roofline bounds, on-chip capacity and launch latency, from a target's ceilings.
 
 For each candidate of a CPU template the model counts the FLOPs, the bytes it
 moves at each memory level given its tiling (a reuse model per template), and
-from the profile's measured ceilings (peak FLOP/s per vector width and thread
-count, bandwidth per level, call overhead, fork-join cost) derives:
+from the measured ceilings its target hands it (``Target.ceilings()``, a
+``Ceilings``: peak FLOP/s per vector width and thread count, bandwidth per
+level, call overhead, fork-join cost) derives:
 
 - ``bound_s``: a lower bound no run of the plan can beat: the slowest thread's
   FLOPs at the peak of its vector width, or the bytes that cannot come from a
@@ -38,149 +39,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..space import Candidate, Space
+from ..targets.target import LEVELS, Ceilings, Target
 from .columns import columns
 
-LEVELS = ("L1", "L2", "L3", "DRAM")
-_CACHE = {"L1": "L1d", "L2": "L2", "L3": "L3"}
 LINE_BYTES = 64
 PAGE_BYTES = 4096
 FMA_CHAINS = 8
 OVERLAP_LOSS = 0.25
 F32 = 4
-
-
-@dataclass(frozen=True)
-class Ceilings:
-    """The profile's measured ceilings, in the form the model uses.
-
-    ``rate_bits``: one-thread FLOP/s per vector width (bits); ``speedup``:
-    all-thread peak over one-thread peak; ``bw``: per level, (one-thread,
-    all-thread) bytes/s for reads and for copies; ``cache``: per level, (bytes
-    of one instance, instances, CPUs sharing one); ``call_s``: one call into a
-    compiled kernel; ``launch_s``: one fork and join of the profile's threads.
-    """
-
-    rate_bits: dict[int, float]
-    speedup: float
-    threads: int
-    bw: dict[str, dict[str, tuple[float, float]]]
-    cache: dict[str, tuple[int, int, int]]
-    call_s: float
-    launch_s: float
-    fingerprint: str = ""
-
-    @classmethod
-    def from_profile(cls, profile, launch_s: float | None = None) -> "Ceilings":
-        from .launch import launch_overhead
-
-        rates = {int(b): float(r) for b, r in profile.peak_flops_1t_by_bits.items() if r and r > 0}
-        if not rates:
-            rates = {int(profile.peak_bits): float(profile.peak_flops_1t)}
-        threads = max(1, int(profile.threads))
-        bw: dict[str, dict[str, tuple[float, float]]] = {}
-        for lvl in LEVELS:
-            one = profile.bandwidth_1t.get(lvl, {})
-            allt = profile.bandwidth.get(lvl, {})
-            kinds = {}
-            for kind in ("read", "copy"):
-                if one.get(kind):
-                    kinds[kind] = (float(one[kind]), float(allt.get(kind) or one[kind]))
-            if kinds:
-                kinds.setdefault("read", kinds.get("copy"))
-                kinds.setdefault("copy", kinds["read"])
-                bw[lvl] = kinds
-        if "DRAM" not in bw:
-            raise ValueError(f"device profile {profile.fingerprint} has no DRAM bandwidth; run `planforge probe`")
-        cache = {}
-        for lvl, name in _CACHE.items():
-            c = profile.caches.get(name)
-            if c is not None and lvl in bw:
-                cache[lvl] = (int(c.bytes), max(1, int(c.instances)), max(1, int(c.shared_by)))
-        if launch_s is None:
-            launch_s = launch_overhead(profile, threads) if threads > 1 and profile.openmp else 0.0
-        return cls(rates, max(1.0, profile.peak_flops_all / profile.peak_flops_1t), threads, bw, cache,
-                   float(profile.call_overhead_s), float(launch_s), profile.fingerprint)
-
-    # -- compute ---------------------------------------------------------------
-    def rate_bound(self, lanes) -> np.ndarray:
-        """One-thread FLOP/s no code of ``lanes``-wide vectors can exceed: the
-        measured rate of the narrowest width at least as wide (wider vectors
-        than measured run as several of the widest)."""
-        lanes = np.asarray(lanes)
-        widths = sorted(self.rate_bits)
-        out = np.full(lanes.shape, self.rate_bits[widths[-1]], dtype=float)
-        for b in reversed(widths):
-            out = np.where(lanes * 32 <= b, self.rate_bits[b], out)
-        return out
-
-    def rate_est(self, lanes) -> np.ndarray:
-        """Expected one-thread FLOP/s of ``lanes``-wide vectors: the per-lane rate
-        of the nearest measured width, times the lanes used."""
-        lanes = np.asarray(lanes, dtype=float)
-        widths = sorted(self.rate_bits)
-        out = np.full(lanes.shape, self.rate_bits[widths[-1]], dtype=float)
-        for b in reversed(widths):
-            out = np.where(lanes * 32 <= b, self.rate_bits[b] * lanes * 32 / b, out)
-        return out
-
-    def scale(self, threads) -> np.ndarray:
-        """How many one-thread peaks ``threads`` threads reach together."""
-        return np.minimum(np.asarray(threads, dtype=float), self.speedup)
-
-    # -- memory ----------------------------------------------------------------
-    def bandwidth(self, level: str, threads, kind: str = "read") -> np.ndarray:
-        one, allt = self.bw[level][kind]
-        return np.minimum(np.asarray(threads, dtype=float) * one, allt)
-
-    def capacity(self, level: str, threads=1) -> np.ndarray:
-        """Bytes of ``level`` that ``threads`` threads have between them."""
-        size, inst, share = self.cache[level]
-        return size * np.minimum(inst, np.ceil(np.asarray(threads, dtype=float) / share))
-
-    def per_thread(self, level: str, threads) -> np.ndarray:
-        """Bytes of one instance of ``level`` left to each thread sharing it."""
-        size, inst, share = self.cache[level]
-        return size / np.minimum(share, np.maximum(1, np.asarray(threads, dtype=float)))
-
-    def home(self, nbytes, threads, per_thread: bool = False) -> np.ndarray:
-        """Index into ``LEVELS`` of the fastest level holding ``nbytes`` (of each
-        thread when ``per_thread``, else of them all)."""
-        nbytes = np.asarray(nbytes, dtype=float)
-        out = np.full(np.broadcast(nbytes, np.asarray(threads)).shape, LEVELS.index("DRAM"))
-        for i in reversed(range(len(LEVELS) - 1)):
-            lvl = LEVELS[i]
-            if lvl in self.cache:
-                cap = self.per_thread(lvl, threads) if per_thread else self.capacity(lvl, threads)
-                out = np.where(nbytes <= cap, i, out)
-        return out
-
-    def memory_bound(self, nbytes, threads, cold: bool) -> np.ndarray:
-        """Seconds the compulsory traffic ``nbytes`` needs at least. Every byte
-        passes through L1; with hot caches, the bytes that cannot sit in the
-        levels above a level come from it or below it; with cold caches they
-        all come from DRAM. Each at no more than the level's best bandwidth;
-        the bound is the largest of these times."""
-        nbytes = np.asarray(nbytes, dtype=float)
-        t = np.zeros(np.broadcast(nbytes, np.asarray(threads)).shape)
-        above = np.zeros_like(t)
-        for lvl in LEVELS:
-            if lvl not in self.bw:
-                continue
-            must = nbytes if cold else np.maximum(0.0, nbytes - above)
-            fastest = np.maximum(self.bandwidth(lvl, threads, "read"), self.bandwidth(lvl, threads, "copy"))
-            t = np.maximum(t, must / fastest)
-            if lvl in self.cache:
-                above = above + self.capacity(lvl, threads)
-        return t
-
-    def bandwidth_at(self, level_idx, threads) -> np.ndarray:
-        """Read bandwidth of the level each entry of ``level_idx`` (into ``LEVELS``) names."""
-        level_idx = np.asarray(level_idx)
-        out = np.zeros(level_idx.shape)
-        for i, lvl in enumerate(LEVELS):
-            if lvl in self.bw:
-                out = np.where(level_idx == i, self.bandwidth(lvl, threads), out)
-        return np.where(out > 0, out, self.bandwidth("DRAM", threads))
 
 
 @dataclass
@@ -248,16 +114,23 @@ def _codes(col, value) -> np.ndarray:
     return np.asarray(col == value, dtype=bool)
 
 
+def has_model(op: str) -> bool:
+    """Whether the analytic model has a reuse model of the template for ``op``."""
+    return op in _MODELS
+
+
 class AnalyticModel:
     """The analytic model of one template on one problem and device.
 
     Parameters:
-        op, dims, epilogue: the problem (as ``kernels.cpu.Problem`` holds it).
+        op, dims, epilogue: the problem (as a CPU template ``Problem`` holds it).
         flops: the problem's useful FLOPs.
-        ceilings: from ``Ceilings.from_profile(profile)``.
+        ceilings: the device's, from ``Target.ceilings()``.
         space: the task's space (decodes candidates into columns).
         cold: True when every timed call starts with cold caches (the timing
             flushes them); default False: hot repeated calls, as measured.
+        vregs: vector registers a micro-kernel can keep live (default 16;
+            ``for_problem`` takes the ceilings' ``registers``).
     """
 
     name = "roofline"
@@ -274,11 +147,14 @@ class AnalyticModel:
         self.vregs = vregs
 
     @classmethod
-    def for_problem(cls, problem, space: Space, profile, cold: bool = False, ceilings: Ceilings | None = None):
-        from ..targets.cpu.templates import flops, limits
-
-        return cls(problem.op, problem.dims, problem.epilogue, flops(problem),
-                   ceilings or Ceilings.from_profile(profile), space, cold, limits(profile).vector_registers)
+    def for_problem(cls, problem, space: Space, target: Target, cold: bool = False) -> "AnalyticModel":
+        """The model of ``problem`` (a template problem of ``target``) over ``space``, on the
+        ceilings ``target.ceilings()`` hands it; ``cold`` as for the constructor (default False)."""
+        ceil = target.ceilings()
+        if ceil is None:
+            raise ValueError(f"target {target.name!r} has no analytic ceilings to model {problem.op} with")
+        return cls(problem.op, problem.dims, problem.epilogue, target.flops(problem), ceil, space, cold,
+                   ceil.registers)
 
     def describe(self) -> dict[str, Any]:
         c = self.ceil

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
 import os
 from pathlib import Path
 
-from ..targets.cpu.build import BuildError, CompilerMissing, build, cache_dir, load
+from .build import BuildError, CompilerMissing, build, cache_dir, load
 
 _SOURCE = r"""
 #include <omp.h>
@@ -52,27 +51,22 @@ def measure_launch(threads: int, quick: bool = False) -> float:
     return max(0.0, min(f(threads, reps) for _ in range(rounds)))
 
 
-def launch_overhead(profile, threads: int) -> float:
-    """The fork-join cost for ``threads`` threads on the machine of ``profile``.
-
-    Taken from the profile when it carries one (``launch_overhead_s``), else
-    measured once and cached per machine fingerprint."""
+def launch_overhead(fingerprint: str, threads: int, quick: bool = False) -> float:
+    """The fork-join cost for ``threads`` threads on the machine ``fingerprint`` (this one),
+    measured once and cached per machine; ``quick`` (default False) measures with fewer repeats."""
     if threads <= 1:
         return 0.0
-    own = getattr(profile, "launch_overhead_s", None)
-    if isinstance(own, (int, float)) and math.isfinite(own):
-        return float(own)
-    key = (profile.fingerprint, threads)
+    key = (fingerprint, threads)
     if key in _memo:
         return _memo[key]
-    path = _path(profile.fingerprint)
+    path = _path(fingerprint)
     table: dict[str, float] = {}
     try:
         table = {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
     except (OSError, ValueError, AttributeError, TypeError):
         table = {}
     if str(threads) not in table:
-        table[str(threads)] = measure_launch(threads, quick=bool(getattr(profile, "quick", False)))
+        table[str(threads)] = measure_launch(threads, quick=quick)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
