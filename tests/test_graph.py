@@ -11,7 +11,7 @@ from planforge.rewrite import Limits, saturate
 from planforge.rewrite.analysis import analyse, estimate
 from planforge.rewrite.extract import ExtractionError, dag_cost, greedy, ilp, prune_memory, reachable, usable
 from planforge.search import Budget
-from planforge.tune import tune
+from planforge.tuning import tune
 from planforge.workloads import load_workload
 from planforge.workloads.models import _rulesets, graph_workload
 
@@ -113,12 +113,14 @@ def test_rule_sets_preserve_semantics(make, profile):
 def test_saturation_limits_hold_on_an_explosive_rule_set():
     from egglog import rewrite, ruleset, vars_
 
+    from planforge.ops.egg import E, T
     from planforge.rewrite import lang
 
-    x, y, z = vars_("x y z", lang.T)
-    explosive = ruleset(rewrite(x.add(y)).to(y.add(x)), rewrite(x.add(y).add(z)).to(x.add(y.add(z))),
-                        rewrite(x.add(y.add(z))).to(x.add(y).add(z)), rewrite(x.relu()).to(x.relu().relu()))
-    lang.RULESETS["explosive"] = explosive
+    x, y, z = vars_("x y z", T)
+    add = lambda a, b: E("add", a, b)  # noqa: E731
+    explosive = ruleset(rewrite(add(x, y)).to(add(y, x)), rewrite(add(add(x, y), z)).to(add(x, add(y, z))),
+                        rewrite(add(x, add(y, z))).to(add(add(x, y), z)), rewrite(E("relu", x)).to(E("relu", E("relu", x))))
+    lang.rulesets()["explosive"] = explosive
     try:
         b = GraphBuilder("chain")
         h = b.input("x", (1, 4))
@@ -131,7 +133,7 @@ def test_saturation_limits_hold_on_an_explosive_rule_set():
         eg2 = saturate(g, ["explosive"], Limits(nodes=10**6, iterations=3, seconds=10))
         assert eg2.stats["stop"] == "iteration limit" and eg2.stats["iterations"] == 3
     finally:
-        del lang.RULESETS["explosive"]
+        del lang.rulesets()["explosive"]
 
 
 @pytest.mark.parametrize("name", ["policy-mlp", "transformer-block", "drill-mlp"])
@@ -232,7 +234,9 @@ def test_multi_output_graph_tunes_and_runs(profile):
     x = b.input("x", (2, 8))
     h = b.linear(x, 8, 8, "l", act="relu")
     g = b.output(h, b.op("scale", h, factor=2.0))
-    wl = graph_workload(g, "two", profile=profile)
+    from planforge.targets.cpu.target import CpuTarget
+
+    wl = graph_workload(g, "two", target=CpuTarget(profile))
     res = tune(wl, strategy="random", budget=Budget(evals=3))
     assert res.ok
     t = wl.tasks[0]

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .graph import OPS, Graph, GraphError, Node
+from .graph import Graph, GraphError, Node, node_shape
 
 
 class UnsupportedOp(GraphError):
@@ -155,7 +154,7 @@ class Emitter:
         out = self.unique(name)
         n = Node(op, ins, out, attrs)
         try:
-            shape = tuple(OPS[op][1]([self.shapes[i] for i in ins], n))
+            shape = node_shape(n, self.shapes)
         except GraphError as e:
             raise GraphError(f"{self.op} at {self.where}: lowered to {e}") from None
         self.g.nodes.append(n)
@@ -235,7 +234,7 @@ class Emitter:
             return Const((x.value * factor).astype(x.value.dtype), x.hint)
         return self.node("scale", [x], name, factor=factor)
 
-    def _uniform(self, c: Any) -> float | None:
+    def uniform(self, c: Any) -> float | None:
         """The single value of a scalar or a constant whose entries are all equal, else None."""
         if isinstance(c, (bool, int, float, np.number)):
             return float(c)
@@ -244,6 +243,16 @@ class Emitter:
             if np.all(flat == flat[0]):
                 return float(flat[0])
         return None
+
+    def unavailable(self, what: str) -> "Unavailable":
+        """A value the framework computes but the IR does not (an op's second output); using it is an error."""
+        return Unavailable(what)
+
+    def const_ints(self, v: Any, what: str) -> list[int]:
+        """The integers of a value known at import time (a target shape, axes)."""
+        if not isinstance(v, Const):
+            raise self.unsupported(f"{what} is computed at run time; the IR needs it known at import time")
+        return [int(d) for d in np.asarray(v.value).reshape(-1)]
 
     def _as_const(self, v: Any, name: str) -> Any:
         if isinstance(v, (bool, int, float, np.number)):
@@ -259,7 +268,7 @@ class Emitter:
         if not isinstance(b, Const):
             raise self.unsupported(f"multiplies two computed tensors ({self.shape(a)} and {self.shape(b)}); the IR "
                                    f"multiplies only by a constant scalar (op 'scale')")
-        k = self._uniform(b)
+        k = self.uniform(b)
         if k is None:
             raise self.unsupported(f"multiplies {self.shape(a)} by a non-uniform tensor of shape {self.shape(b)}; "
                                    f"the IR multiplies only by a scalar (op 'scale')")
@@ -367,43 +376,6 @@ class Emitter:
         if tuple(got) != as_shape(expected):
             raise GraphError(f"{self.op} at {self.where}: planforge lowered {what} to shape {got}, the model says "
                              f"{as_shape(expected)}; this is a bug in planforge's importer, please report it")
-
-
-def load_model(path: str | Path, input_shapes: dict[str, Sequence[int]] | None = None) -> Graph:
-    """Import a model file into the IR.
-
-    ``.onnx`` goes through ``from_onnx`` (extra ``onnx``); ``.pt2`` (a ``torch.export.save`` archive)
-    through ``torch.export.load`` and ``from_exported`` (extra ``torch``). ``input_shapes`` maps input
-    names to concrete shapes and is needed only where the model's inputs have dynamic sizes.
-    """
-    p = Path(path)
-    suffix = p.suffix.lower()
-    accepted = ("accepted: .onnx (ONNX, extra 'onnx') and .pt2 (torch.export.save, extra 'torch'); "
-                "for a torch.nn.Module in Python use planforge.ir.from_torch(module, example_inputs)")
-    if suffix not in (".onnx", ".pt2"):
-        raise ModelError(f"cannot import {str(p)!r}: unknown model format {suffix or '(no suffix)'!r}; {accepted}")
-    if not p.is_file():
-        raise ModelError(f"cannot import {str(p)!r}: no such file")
-    if suffix == ".onnx":
-        from .onnx_import import from_onnx
-
-        return from_onnx(p, input_shapes=input_shapes)
-    from .torch_import import from_exported
-
-    torch = need_module("torch", "torch", f"reading {p.name}")
-    import logging
-
-    log = logging.getLogger("torch.export")
-    level = log.level
-    log.setLevel(logging.ERROR)            # torch logs a traceback of its own before raising
-    try:
-        ep = torch.export.load(str(p))
-    except Exception as e:  # torch raises many kinds here (zip, pickle, version errors)
-        raise ModelError(f"cannot read {str(p)!r} as a torch.export archive (.pt2): "
-                         f"{type(e).__name__}: {_first_lines(str(e))}") from None
-    finally:
-        log.setLevel(level)
-    return from_exported(ep, input_shapes=input_shapes, name=p.stem)
 
 
 def _first_lines(text: str, n: int = 6) -> str:

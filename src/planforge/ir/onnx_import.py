@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .frontend import Const, Emitter, ModelError, Unavailable, as_shape, need_module, op_table
+from ..ops import ONNX
 from .graph import Graph
 
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -63,158 +64,13 @@ def _load(onnx, path_or_model):
 
 # -- the op table -----------------------------------------------------------------------------------------------------
 
-ONNX, _op = op_table()   # op name -> lowering
+# Each op module of planforge.ops maps its own ONNX op types (``Op.onnx``); this table holds only the plumbing, which
+# computes nothing the IR needs an op for.
+PLUMBING, _op = op_table()   # op type -> lowering
 
 
 def _name(node) -> str:
     return node.output[0]
-
-
-def _const_ints(em: Emitter, v, what: str) -> list[int]:
-    if not isinstance(v, Const):
-        raise em.unsupported(f"{what} is computed at run time; the IR needs it known at import time")
-    return [int(d) for d in np.asarray(v.value).reshape(-1)]
-
-
-@_op("Gemm")
-def _gemm(em, node, ins, at, opset):
-    a, b = ins[0], ins[1]
-    c = ins[2] if len(ins) > 2 else None
-    if at.get("transA", 0):
-        a = em.transpose(a, (1, 0), _name(node) + ".at")
-    if at.get("transB", 0):
-        b = em.transposed_weight(b, _name(node) + ".bt")
-    y = em.matmul(a, b, _name(node) + ".mm" if c is not None or at.get("alpha", 1.0) != 1.0 else _name(node))
-    y = em.scale(y, at.get("alpha", 1.0), _name(node) + ".alpha" if c is not None else _name(node))
-    return y if c is None else em.add(y, c, _name(node), alpha=float(at.get("beta", 1.0)))
-
-
-@_op("MatMul")
-def _matmul(em, node, ins, at, opset):
-    return em.matmul(ins[0], ins[1], _name(node))
-
-
-@_op("Add", "Sub")
-def _add(em, node, ins, at, opset):
-    return em.add(ins[0], ins[1], _name(node), alpha=-1.0 if node.op_type == "Sub" else 1.0)
-
-
-@_op("Mul")
-def _mul(em, node, ins, at, opset):
-    return em.mul(ins[0], ins[1], _name(node))
-
-
-@_op("Div")
-def _div(em, node, ins, at, opset):
-    d = em._uniform(ins[1])
-    if d is None:
-        raise em.unsupported("divides by a tensor; the IR divides only by a scalar constant (op 'scale')")
-    if d == 0:
-        raise em.unsupported("divides by zero")
-    return em.scale(ins[0], 1.0 / d, _name(node))
-
-
-@_op("Neg")
-def _neg(em, node, ins, at, opset):
-    return em.scale(ins[0], -1.0, _name(node))
-
-
-@_op("Relu")
-def _relu(em, node, ins, at, opset):
-    return em.node("relu", [ins[0]], _name(node))
-
-
-@_op("Gelu")
-def _gelu(em, node, ins, at, opset):
-    approx = at.get("approximate", "none")
-    if approx not in ("none", "tanh"):
-        raise em.unsupported(f"approximate={approx!r}")
-    return em.node("gelu", [ins[0]], _name(node), approximate=approx)
-
-
-@_op("Softmax")
-def _softmax(em, node, ins, at, opset):
-    x = ins[0]
-    s = em.shape(x)
-    if opset >= 13:
-        return em.softmax(x, int(at.get("axis", -1)), _name(node))
-    axis = int(at.get("axis", 1)) % max(len(s), 1)     # before opset 13: over all axes from `axis` on, jointly
-    flat = em.reshape(x, (math.prod(s[:axis]), math.prod(s[axis:])), _name(node) + ".flat")
-    y = em.softmax(flat, -1, _name(node) if flat is x else _name(node) + ".2d")
-    return em.reshape(y, s, _name(node))
-
-
-@_op("LayerNormalization")
-def _layernorm(em, node, ins, at, opset):
-    x = ins[0]
-    rank = len(em.shape(x))
-    axis = int(at.get("axis", -1))
-    if not -rank <= axis < rank:
-        raise em.unsupported(f"axis {axis} is out of range for rank {rank}")
-    n_axes = rank - axis % rank
-    y = em.layernorm(x, n_axes, ins[1], ins[2] if len(ins) > 2 else None, at.get("epsilon", 1e-5), _name(node))
-    return (y, Unavailable("layer norm's mean"), Unavailable("layer norm's inverse std"))
-
-
-@_op("Transpose")
-def _transpose(em, node, ins, at, opset):
-    rank = len(em.shape(ins[0]))
-    return em.transpose(ins[0], at.get("perm", list(reversed(range(rank)))), _name(node))
-
-
-@_op("Reshape")
-def _reshape(em, node, ins, at, opset):
-    x = ins[0]
-    src = em.shape(x)
-    want = _const_ints(em, ins[1], "the target shape")
-    if not at.get("allowzero", 0):
-        if any(d == 0 and i >= len(src) for i, d in enumerate(want)):
-            raise em.unsupported(f"shape {want} copies an axis that {src} does not have")
-        want = [src[i] if d == 0 else d for i, d in enumerate(want)]
-    if want.count(-1) > 1:
-        raise em.unsupported(f"shape {want} has more than one -1")
-    if -1 in want:
-        known = math.prod(d for d in want if d != -1)
-        if known == 0 or math.prod(src) % known:
-            raise em.unsupported(f"cannot reshape {src} into {want}")
-        want = [math.prod(src) // known if d == -1 else d for d in want]
-    return em.reshape(x, want, _name(node))
-
-
-@_op("Flatten")
-def _flatten(em, node, ins, at, opset):
-    s = em.shape(ins[0])
-    axis = int(at.get("axis", 1))
-    axis = axis + len(s) if axis < 0 else axis
-    return em.reshape(ins[0], (math.prod(s[:axis]), math.prod(s[axis:])), _name(node))
-
-
-@_op("Unsqueeze")
-def _unsqueeze(em, node, ins, at, opset):
-    s = list(em.shape(ins[0]))
-    axes = at["axes"] if opset < 13 else _const_ints(em, ins[1], "the axes")
-    rank = len(s) + len(axes)
-    for a in sorted(int(a) % rank for a in axes):
-        s.insert(a, 1)
-    return em.reshape(ins[0], s, _name(node))
-
-
-@_op("Squeeze")
-def _squeeze(em, node, ins, at, opset):
-    s = em.shape(ins[0])
-    if opset < 13:
-        axes = at.get("axes")
-    else:
-        axes = _const_ints(em, ins[1], "the axes") if len(ins) > 1 and ins[1] is not None else None
-    drop = {i for i, d in enumerate(s) if d == 1} if axes is None else {int(a) % len(s) for a in axes}
-    if any(s[i] != 1 for i in drop):
-        raise em.unsupported(f"squeezes an axis of size > 1 in {s}")
-    return em.reshape(ins[0], [d for i, d in enumerate(s) if i not in drop], _name(node))
-
-
-@_op("Concat")
-def _concat(em, node, ins, at, opset):
-    return em.concat([v for v in ins if v is not None], int(at["axis"]), _name(node))
 
 
 @_op("Identity")
@@ -277,7 +133,7 @@ def _erf_gelu(em: Emitter, node, op: str, ins: list):
         return _ErfGelu(f"erf outside {_PATTERN}", x=src.inputs[0])
     p = next(v for v in ins if isinstance(v, _ErfGelu))
     other = ins[1] if ins[0] is p else ins[0]
-    k = em._uniform(other)
+    k = em.uniform(other)
     if op == "Add" and not (p.one or p.has_x) and p.coef == 1.0 and k is not None and math.isclose(k, 1.0) \
             and np.broadcast_shapes(em.shape(p.x), em.shape(other)) == em.shape(p.x):
         q = replace(p, one=True)
@@ -410,7 +266,7 @@ class _Importer:
             return self._fold(node, ins)
         if op == "Erf" or any(isinstance(v, _ErfGelu) for v in ins):
             return _erf_gelu(em, node, op, ins)
-        fn = ONNX.get(op)
+        fn = PLUMBING.get(op) or (ONNX[op].onnx[op] if op in ONNX else None)
         if fn is None:
             raise em.unsupported()
         if any(isinstance(v, Unavailable) for v in ins):

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .frontend import Const, Emitter, ModelError, Unavailable, UnsupportedOp, _first_lines, need_module, op_table
+from ..ops import TORCH
 from .graph import Graph, GraphError
 
 
@@ -160,129 +161,14 @@ def _where(node) -> str:
 
 
 # -- the op table -----------------------------------------------------------------------------------------------------
+# Each op module of planforge.ops maps its own ATen ops (``Op.torch``); this table holds only the framework's plumbing,
+# which computes nothing the IR needs an op for.
 
-ATEN, _op = op_table()   # op name -> lowering
+PLUMBING, _op = op_table()   # op name -> lowering
 
 
 def _out_shape(node) -> tuple[int, ...]:
     return tuple(int(d) for d in node.meta["val"].shape)
-
-
-@_op("linear")
-def _linear(em, node, a, kw):
-    x, w, b = (list(a) + [None, None])[:3]
-    b = kw.get("bias", b)
-    y = em.matmul(x, em.transposed_weight(w, node.name + ".w"), node.name if b is None else node.name + ".mm")
-    return y if b is None else em.add(y, b, node.name)
-
-
-@_op("addmm")
-def _addmm(em, node, a, kw):
-    c, x, w = a[:3]
-    beta, alpha = kw.get("beta", a[3] if len(a) > 3 else 1), kw.get("alpha", a[4] if len(a) > 4 else 1)
-    y = em.scale(em.matmul(x, w, node.name + ".mm"), alpha, node.name + ".alpha")
-    return em.add(y, c, node.name, alpha=float(beta))
-
-
-@_op("mm", "bmm", "matmul")
-def _matmul(em, node, a, kw):
-    return em.matmul(a[0], a[1], node.name)
-
-
-@_op("t", "numpy_T")
-def _t(em, node, a, kw):
-    rank = len(em.shape(a[0]))
-    return em.transpose(a[0], tuple(reversed(range(rank))), node.name)
-
-
-@_op("permute")
-def _permute(em, node, a, kw):
-    return em.transpose(a[0], a[1], node.name)
-
-
-@_op("transpose")
-def _transpose(em, node, a, kw):
-    rank = len(em.shape(a[0]))
-    d0, d1 = (int(d) % max(rank, 1) for d in a[1:3])
-    perm = list(range(rank))
-    perm[d0], perm[d1] = perm[d1], perm[d0]
-    return em.transpose(a[0], perm, node.name)
-
-
-@_op("view", "reshape", "_unsafe_view", "view_copy", "flatten", "unflatten", "unsqueeze", "squeeze",
-     "unsqueeze_copy", "squeeze_copy")
-def _reshape(em, node, a, kw):
-    return em.reshape(a[0], _out_shape(node), node.name)
-
-
-@_op("add", "sub", "rsub")
-def _add(em, node, a, kw):
-    x, y = a[0], a[1]
-    alpha = float(kw.get("alpha", a[2] if len(a) > 2 else 1))
-    kind = node.target.overloadpacket.__name__
-    if kind == "rsub":                  # y - alpha * x
-        return em.add(em.scale(x, -alpha, node.name + ".neg"), y, node.name)
-    return em.add(x, y, node.name, alpha=-alpha if kind == "sub" else alpha)
-
-
-@_op("mul")
-def _mul(em, node, a, kw):
-    return em.mul(a[0], a[1], node.name)
-
-
-@_op("div")
-def _div(em, node, a, kw):
-    if kw.get("rounding_mode") is not None:
-        raise em.unsupported(f"division with rounding_mode={kw['rounding_mode']!r}")
-    d = em._uniform(a[1])
-    if d is None:
-        raise em.unsupported("divides by a tensor; the IR divides only by a scalar (op 'scale')")
-    if d == 0:
-        raise em.unsupported("divides by zero")
-    return em.scale(a[0], 1.0 / d, node.name) if not isinstance(a[0], Const) else Const(a[0].value / d, a[0].hint)
-
-
-@_op("neg")
-def _neg(em, node, a, kw):
-    return em.scale(a[0], -1.0, node.name)
-
-
-@_op("relu")
-def _relu(em, node, a, kw):
-    return em.node("relu", [a[0]], node.name)
-
-
-@_op("gelu")
-def _gelu(em, node, a, kw):
-    approx = kw.get("approximate", a[1] if len(a) > 1 else "none")
-    if approx not in ("none", "tanh"):
-        raise em.unsupported(f"gelu approximate={approx!r}")
-    return em.node("gelu", [a[0]], node.name, approximate=approx)
-
-
-@_op("softmax", "_softmax")
-def _softmax(em, node, a, kw):
-    return em.softmax(a[0], int(kw.get("dim", a[1])), node.name)
-
-
-@_op("layer_norm")
-def _layer_norm(em, node, a, kw):
-    x, ns = a[0], a[1]
-    w = kw.get("weight", a[2] if len(a) > 2 else None)
-    b = kw.get("bias", a[3] if len(a) > 3 else None)
-    eps = kw.get("eps", a[4] if len(a) > 4 else 1e-5)
-    return em.layernorm(x, len(ns), w, b, eps, node.name)
-
-
-@_op("native_layer_norm")
-def _native_layer_norm(em, node, a, kw):
-    y = em.layernorm(a[0], len(a[1]), a[2], a[3], a[4], node.name)
-    return (y, Unavailable("layer norm's mean"), Unavailable("layer norm's reciprocal std"))
-
-
-@_op("cat", "concat")
-def _cat(em, node, a, kw):
-    return em.concat(list(a[0]), int(kw.get("dim", a[1] if len(a) > 1 else 0)), node.name)
 
 
 @_op("clone", "contiguous", "detach", "alias", "lift_fresh_copy", "detach_copy", "alias_copy")
@@ -311,6 +197,14 @@ def _same_shape(em, node, a, kw):
     if _out_shape(node) != em.shape(a[0]):
         raise em.unsupported(f"{node.target.overloadpacket.__name__} from {em.shape(a[0])} to {_out_shape(node)}")
     return a[0]
+
+
+def lowering(name: str):
+    """The lowering of ATen op ``name``: the plumbing's, else the op registry's; None when neither has one."""
+    fn = PLUMBING.get(name)
+    if fn is None and name in TORCH:
+        fn = TORCH[name].torch[name]
+    return fn
 
 
 # -- the walk ---------------------------------------------------------------------------------------------------------
@@ -412,7 +306,7 @@ class _Importer:
             raise self.em.unsupported("not an ATen op")
         if self._foldable(node, args, kwargs):
             return self._fold(node, args, kwargs)
-        fn = ATEN.get(node.target.overloadpacket.__name__)
+        fn = lowering(node.target.overloadpacket.__name__)
         if fn is None:
             raise self.em.unsupported()
         return fn(self.em, node, list(args), kwargs)

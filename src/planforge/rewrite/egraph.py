@@ -16,8 +16,9 @@ from typing import Any
 from egglog import EGraph
 
 from ..ir import Graph
-from . import lang
-from .lang import T
+from ..ops import REGISTRY
+from ..ops.egg import E, T, output
+from .lang import rulesets as all_rulesets
 
 
 class RewriteError(ValueError):
@@ -87,49 +88,23 @@ class Limits:
 
 
 def encode(g: Graph, eg: EGraph) -> T:
-    """Add the graph to ``eg``; returns the root expression (outputs paired)."""
+    """Add the graph to ``eg``; returns the root expression (outputs paired). Each node is encoded by its op
+    (``Op.encode``, or the generic ``E(op, *inputs, attr=Op.egg_attr(attrs))``)."""
     g.shapes()
     env: dict[str, T] = {n: T.input(n) for n in g.inputs}
     env.update({n: T.param(n) for n in g.params})
     for node in g.nodes:
+        op = REGISTRY[node.op]
         a = [env[i] for i in node.inputs]
-        at = node.attrs
-        op = node.op
-        if op == "matmul":
-            e = a[0].matmul(a[1])
-        elif op == "linear":
-            e = a[0].matmul(a[1])
-            if len(a) == 3:
-                e = e.bias(a[2])
-        elif op == "bias":
-            e = a[0].bias(a[1])
-        elif op == "add":
-            e = a[0].add(a[1])
-        elif op == "relu":
-            e = a[0].relu()
-        elif op == "gelu":
-            e = a[0].gelu(at.get("approximate", "tanh"))
-        elif op == "softmax":
-            e = a[0].softmax()
-        elif op == "layernorm":
-            e = a[0].layernorm(a[1], a[2], repr(float(at.get("eps", 1e-5))))
-        elif op == "transpose":
-            e = a[0].transpose(",".join(map(str, at.get("perm") or ())))
-        elif op == "reshape":
-            e = a[0].reshape(",".join(map(str, at["shape"])))
-        elif op == "scale":
-            e = a[0].scale(repr(float(at["factor"])))
-        elif op == "concat":
-            e = a[0]
-            for t in a[1:]:
-                e = e.concat(t, str(at.get("axis", -1)))
-        else:
-            raise RewriteError(f"{node.where()}: op {op!r} has no e-graph encoding")
+        try:
+            e = op.encode(E, a, node.attrs) if op.encode else E(node.op, *a, attr=op.egg_attr(node.attrs))
+        except (KeyError, TypeError, ValueError) as err:
+            raise RewriteError(f"{node.where()}: cannot encode it in the e-graph: {err}") from None
         env[node.output] = eg.let(f"v_{len(env)}", e)
     root = env[g.outputs[0]]
     for o in g.outputs[1:]:
-        root = root.pair(env[o])
-    return eg.let("root", lang.output(root))
+        root = E("pair", root, env[o])
+    return eg.let("root", output(root))
 
 
 def _size(eg: EGraph) -> int:
@@ -137,17 +112,18 @@ def _size(eg: EGraph) -> int:
 
 
 def saturate(g: Graph, rulesets: list[str], limits: Limits = Limits()) -> EClassGraph:
-    """Encode ``g``, run ``rulesets`` (names from ``lang.RULESETS``, applied together,
+    """Encode ``g``, run ``rulesets`` (names from ``lang.rulesets()``, applied together,
     then lowered to implementations) within ``limits``, and read the result back."""
-    unknown = [r for r in rulesets if r not in lang.RULESETS]
+    known = all_rulesets()
+    unknown = [r for r in rulesets if r not in known]
     if unknown:
-        raise RewriteError(f"unknown rule sets {unknown}; known: {', '.join(lang.RULESETS)}")
+        raise RewriteError(f"unknown rule sets {unknown}; known: {', '.join(known)}")
     eg = EGraph()
     t0 = time.perf_counter()
     root = encode(g, eg)
     rules = None
     for name in [r for r in rulesets if r != "lowering"]:
-        rules = lang.RULESETS[name] if rules is None else rules | lang.RULESETS[name]
+        rules = known[name] if rules is None else rules | known[name]
     iterations, stop, rolled_back = 0, "saturated", False
     sizes = [_size(eg)]
     if rules is not None:
@@ -170,7 +146,7 @@ def saturate(g: Graph, rulesets: list[str], limits: Limits = Limits()) -> EClass
             sizes.append(size)
             if not report.updated:
                 break
-    eg.run(lang.RULESETS["lowering"] * 1)
+    eg.run(known["lowering"] * 1)
     lowered = _size(eg)
     if lowered > limits.nodes * 2:
         raise RewriteError(f"lowering grew the e-graph to {lowered} nodes, past twice the node limit {limits.nodes}")

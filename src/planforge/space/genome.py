@@ -159,7 +159,7 @@ class Genome:
         for c in reachable(self.eg, ch):
             n = self.eg.node(ch[c])
             p = self.problems.get(n.id)
-            problem = None if p is None else ({"layers": [list(x) for x in p]} if isinstance(p, tuple) else p.to_json())
+            problem = None if p is None else p.to_json()
             steps.append({"cls": short(c), "op": n.op, "args": list(n.args),
                           "inputs": [short(k) for k in n.children], "knobs": self.knobs_for(n.id, config),
                           "problem": problem,

@@ -17,10 +17,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...ir import Graph
-from ...ir.graph import apply_op
-from .templates import TEMPLATES, Problem
-from .templates import mlp as mlp_template
-from .templates.problem import numpy_gelu
+from ...ops import LIBRARIES, REGISTRY
+from .templates import TEMPLATES
 
 ALIGN = 16  # floats: 64-byte aligned slots
 U32 = 2.0**-24
@@ -30,159 +28,29 @@ class PlanError(ValueError):
     """A program that cannot be run (an unknown step, a missing library, a bad input)."""
 
 
-def _ints(s: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in s.split(",") if x != "")
-
-
 def semantic(kind: str, attr: str, vals: Sequence[np.ndarray]) -> np.ndarray:
-    """What a library step computes, by the IR's reference semantics (for constant folding)."""
-    if kind == "matmul_bcast":
-        kind = "matmul"
-    if kind == "linear":
-        y = apply_op("linear", vals, {})
-        return y if attr == "none" else semantic(*({"relu": ("relu", ""), "gelu:tanh": ("gelu", "tanh")}[attr]), [y])
-    if kind == "gelu":
-        return apply_op("gelu", vals, {"approximate": attr})
-    if kind == "layernorm":
-        return apply_op("layernorm", vals, {"eps": float(attr)})
-    if kind == "normalize":
-        x = vals[0]
-        mu = x.mean(axis=-1, keepdims=True)
-        return (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + float(attr))
-    if kind == "exp_shifted":
-        return np.exp(vals[0] - vals[0].max(axis=-1, keepdims=True))
-    if kind == "div_rowsum":
-        return vals[0] / vals[0].sum(axis=-1, keepdims=True)
-    if kind == "mul":
-        return vals[0] * vals[1]
-    if kind == "transpose":
-        return np.ascontiguousarray(np.transpose(vals[0], _ints(attr) or None))
-    if kind == "reshape":
-        return np.reshape(vals[0], _ints(attr))
-    if kind == "scale":
-        return vals[0] * float(attr)
-    if kind == "concat":
-        return np.concatenate(vals, axis=int(attr))
-    return apply_op(kind, vals, {})
+    """What a library step computes, by its op's reference semantics (for constant folding)."""
+    op, _ = LIBRARIES[kind]
+    return np.ascontiguousarray(op.reference(list(vals), op.from_egg(attr)))
 
 
 def lib_step(kind: str, attr: str, ins: list[np.ndarray], out: np.ndarray) -> Callable[[], None]:
-    """A numpy implementation writing into ``out`` (no allocation where numpy allows)."""
-    a = ins[0]
-    b = ins[1] if len(ins) > 1 else None
-    if kind == "matmul":
-        return lambda: np.matmul(a, b, out=out)
-    if kind == "matmul_bcast":
-        ws = np.empty((*a.shape, b.shape[-1]), np.float32)  # the [.., M, K, N] product this form materialises
-
-        def run():
-            np.multiply(a[..., :, :, None], b[..., None, :, :], out=ws)
-            np.sum(ws, axis=-2, out=out)
-
-        return run
-    if kind in ("bias", "add"):
-        return lambda: np.add(a, b, out=out)
-    if kind == "mul":
-        return lambda: np.multiply(a, b, out=out)
-    if kind == "relu":
-        return lambda: np.maximum(a, 0, out=out)
-    if kind == "scale":
-        f = np.float32(float(attr))
-        return lambda: np.multiply(a, f, out=out)
-    if kind == "transpose":
-        perm = _ints(attr) or None
-        return lambda: np.copyto(out, np.transpose(a, perm))
-    if kind == "concat":
-        ax = int(attr)
-        return lambda: np.concatenate(ins, axis=ax, out=out)
-    if kind == "linear":
-        bias = ins[2]
-        t = np.empty_like(out)
-
-        def run():
-            np.matmul(a, b, out=out)
-            np.add(out, bias, out=out)
-            if attr == "relu":
-                np.maximum(out, 0, out=out)
-            elif attr == "gelu:tanh":
-                numpy_gelu(out, t)
-
-        return run
-    if kind == "gelu":
-        if attr == "tanh":
-            t = np.empty_like(out)
-
-            def run():
-                np.copyto(out, a)
-                numpy_gelu(out, t)
-
-            return run
-        from scipy.special import erf
-
-        t = np.empty_like(out)
-        r2 = np.float32(1 / math.sqrt(2.0))
-
-        def run():
-            np.multiply(a, r2, out=t)
-            erf(t, out=t)
-            np.add(t, 1.0, out=t)
-            np.multiply(a, t, out=out)
-            np.multiply(out, 0.5, out=out)
-
-        return run
-    red = tuple(a.shape[:-1]) + (1,)
-    if kind in ("softmax", "exp_shifted"):
-        mx = np.empty(red, np.float32)
-        s = np.empty(red, np.float32)
-
-        def run():
-            np.max(a, axis=-1, keepdims=True, out=mx)
-            np.subtract(a, mx, out=out)
-            np.exp(out, out=out)
-            if kind == "softmax":
-                np.sum(out, axis=-1, keepdims=True, out=s)
-                np.divide(out, s, out=out)
-
-        return run
-    if kind == "div_rowsum":
-        s = np.empty(red, np.float32)
-
-        def run():
-            np.sum(a, axis=-1, keepdims=True, out=s)
-            np.divide(a, s, out=out)
-
-        return run
-    if kind in ("layernorm", "normalize"):
-        eps = np.float32(float(attr))
-        mu = np.empty(red, np.float32)
-        var = np.empty(red, np.float32)
-        sq = np.empty_like(out)
-        g, beta = (ins[1], ins[2]) if kind == "layernorm" else (None, None)
-
-        def run():
-            np.mean(a, axis=-1, keepdims=True, out=mu)
-            np.subtract(a, mu, out=out)
-            np.multiply(out, out, out=sq)
-            np.mean(sq, axis=-1, keepdims=True, out=var)
-            np.add(var, eps, out=var)
-            np.sqrt(var, out=var)
-            np.divide(out, var, out=out)
-            if g is not None:
-                np.multiply(out, g, out=out)
-                np.add(out, beta, out=out)
-
-        return run
-    raise PlanError(f"no library implementation of {kind!r}")
+    """The library implementation ``kind`` (an op's, from the registry) bound to ``ins`` and ``out``."""
+    hit = LIBRARIES.get(kind)
+    if hit is None:
+        raise PlanError(f"no library implementation of {kind!r}")
+    op, lib = hit
+    return lib.step(ins, out, op.from_egg(attr))
 
 
 def template_step(problem, knobs: dict, lib: ctypes.CDLL, ins: list[np.ndarray], out: np.ndarray,
                   layer_params=None) -> Callable[[], None]:
-    """Bind a compiled template to arena views."""
-    if isinstance(problem, tuple):  # fused MLP
-        ws, bs = layer_params
-        return mlp_template.bind(lib, problem, knobs, ins[0].reshape(-1), ws, bs, out.reshape(-1))
+    """Bind a compiled template to arena views, naming the inputs as its problem's ``make_inputs`` does."""
     t = TEMPLATES[problem.op]
     op = problem.op
+    if op == "mlp":
+        ws, bs = layer_params
+        return t.bind(lib, problem, knobs, {"x": ins[0].reshape(-1), "weights": ws, "biases": bs}, out.reshape(-1))
     if op == "gemm":
         M, N, K = problem.dims
         d = {"A": ins[0].reshape(M, K), "B": ins[1], "bias": ins[2] if len(ins) > 2 else None}
@@ -194,10 +62,9 @@ def template_step(problem, knobs: dict, lib: ctypes.CDLL, ins: list[np.ndarray],
     x = ins[0].reshape(R, C)
     if op == "layernorm":
         d = {"x": x, "gamma": ins[1], "beta": ins[2]}
-    elif op == "eltwise" and problem.epilogue == "bias":
-        d = {"x": x, "bias": ins[1]}
-    elif op == "eltwise" and problem.epilogue == "add":
-        d = {"x": x, "res": ins[1].reshape(R, C)}
+    elif op == "eltwise" and len(ins) > 1:  # a one-step chain with an operand: a bias vector or a residual
+        ep = REGISTRY[problem.epilogue].epilogue
+        d = {"x": x, "bias": ins[1]} if ep.operand == "bias" else {"x": x, "res": ins[1].reshape(R, C)}
     else:
         d = {"x": x}
     return t.bind(lib, problem, knobs, d, out.reshape(R, C))
@@ -337,7 +204,7 @@ class Plan:
                 return template_step(problems[s["cls"]], s["knobs"], lib, [views[s["inputs"][0]]], out, (ws, bs))
             ins = [self._value(k, const, views) for k in s["inputs"]]
             p = problems[s["cls"]]
-            if isinstance(p, Problem) and p.op == "gemv" and s["knobs"].get("w_layout") == "packed":
+            if p.op == "gemv" and s["knobs"].get("w_layout") == "packed":
                 self.packed_bytes += ins[1].nbytes
             return template_step(p, s["knobs"], lib, ins, out)
         raise PlanError(f"step {s['cls']}: {op} is not an implementation")

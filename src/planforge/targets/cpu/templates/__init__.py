@@ -1,78 +1,23 @@
 """CPU kernel templates (C, compiled with the system compiler) and library baselines.
 
-A ``Template`` ties an op to its knob space, its C source generator and its
-ctypes binding, and declares the FLOPs, bytes and features cost models use.
+A ``Template`` ties a kernel problem kind (``gemm``, ``gemv``, ``softmax``,
+``layernorm``, ``eltwise``, ``mlp``) to its knob space and restrictions, its
+first setting, its C source generator and its ctypes binding; the problems'
+inputs, fp64 reference, tolerance, FLOP and byte counts and library
+baselines are in ``problem``. Every template is bound the same way:
+``bind(lib, problem, knobs, inputs, out) -> run()``, with ``inputs`` named as
+``make_inputs`` names them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ....ops.kernel import MlpProblem, Problem, ProblemError, problem_from_json
 from ....space import Space
 from . import gemm, gemv, mlp, rowwise
-from .problem import LIBRARIES, OPS, Problem, ProblemError, available_libraries, check, flops, make_inputs, min_bytes, \
-    output_shape, reference, tolerance
-
-
-@dataclass(frozen=True)
-class Template:
-    """A parameterised kernel: ``space(problem, profile)``, ``source(problem, knobs)``,
-    ``bind(lib, problem, knobs, inputs, out) -> run()``, and its cost-model features."""
-
-    name: str
-    op: str
-    compile_knobs: tuple[str, ...]
-    space: Callable[[Problem, Any], Space]
-    source: Callable[[Problem, dict], str]
-    bind: Callable[..., Callable[[], None]]
-    features: Callable[[Problem, dict], dict[str, float]]
-    registry: str = "planforge.targets.cpu.templates"  # module whose TEMPLATES holds it (workers look it up there)
-
-    def openmp(self, knobs: dict) -> bool:
-        return knobs.get("threads", 1) > 1
-
-    def compile_part(self, knobs: dict) -> dict:
-        return {k: knobs[k] for k in self.compile_knobs if k in knobs}
-
-
-def _row_features(p: Problem, k: dict) -> dict[str, float]:
-    return {"vec": k["vec"], "unroll": k["unroll"], "threads": k["threads"], "passes": k.get("passes", 0),
-            "cols_tail": p.dims[1] % k["vec"]}
-
-
-TEMPLATES: dict[str, Template] = {
-    "gemm": Template(
-        "gemm", "gemm", gemm.COMPILE_KNOBS,
-        space=lambda p, prof: gemm.space(*p.dims, prof),
-        source=lambda p, k: gemm.source(k, p.epilogue),
-        bind=lambda lib, p, k, i, out: gemm.bind(lib, k, i["A"], i["B"], i.get("bias"), out),
-        features=lambda p, k: gemm.features(*p.dims, k),
-    ),
-    "gemv": Template(
-        "gemv", "gemv", gemv.COMPILE_KNOBS,
-        space=lambda p, prof: gemv.space(*p.dims, prof),
-        source=lambda p, k: gemv.source(k, p.epilogue),
-        bind=lambda lib, p, k, i, out: gemv.bind(lib, k, i["x"], i["W"], i.get("bias"), out),
-        features=lambda p, k: gemv.features(*p.dims, k),
-    ),
-}
-for _op in ("softmax", "layernorm", "eltwise"):
-    TEMPLATES[_op] = Template(
-        _op, _op, rowwise.COMPILE_KNOBS,
-        space=lambda p, prof: rowwise.space(p.op, *p.dims, prof),
-        source=lambda p, k: rowwise.source(p.op, k, p.epilogue),
-        bind=lambda lib, p, k, i, out: rowwise.bind(
-            lib, k, i["x"], out, i.get("gamma", i.get("bias")), i.get("beta", i.get("res"))),
-        features=_row_features,
-    )
-
-
-def template_for(p: Problem) -> Template:
-    return TEMPLATES[p.op]
-
-
-__all__ = ["LIBRARIES", "OPS", "Problem", "ProblemError", "TEMPLATES", "Template", "available_libraries", "check",
-           "flops", "Limits", "default_knobs", "knob_space", "limits", "make_inputs", "min_bytes", "output_shape", "reference", "template_for", "tolerance"]
+from .problem import LIBRARIES, OPS, available_libraries, check, flops, make_inputs, min_bytes, output_shape, \
+    reference, tolerance
 
 
 @dataclass(frozen=True)
@@ -84,6 +29,84 @@ class Limits:
     vector_registers: int
     physical_cores: int
     caches: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Template:
+    """A parameterised kernel for one problem kind.
+
+    ``space(problem, limits)``: its knobs and restrictions on this machine;
+    ``defaults(problem, limits)``: the setting a careful engineer would try
+    first (the search starts there, measurements decide); ``source(problem,
+    knobs)``: the C; ``bind(lib, problem, knobs, inputs, out)``: the compiled
+    kernel bound to its arrays, as a no-argument call."""
+
+    name: str
+    space: Callable[[Any, Limits], Space]
+    defaults: Callable[[Any, Limits], dict[str, Any]]
+    source: Callable[[Any, dict], str]
+    bind: Callable[..., Callable[[], None]]
+    registry: str = "planforge.targets.cpu.templates"  # module whose TEMPLATES holds it (workers look it up there)
+
+    def openmp(self, knobs: dict) -> bool:
+        return knobs.get("threads", 1) > 1
+
+
+def _vec(lim: Limits) -> int:
+    return max(x for x in (1, 4, 8, 16) if x <= lim.vector_lanes)
+
+
+def _gemm_defaults(p: Problem, lim: Limits) -> dict[str, Any]:
+    M, N, K = p.dims
+    big = M * N * K >= 2**22
+    mr = max(x for x in (1, 2, 3, 4, 6, 8) if x <= max(1, M) and x * 2 + 3 <= lim.vector_registers)
+    return {"vec": _vec(lim), "mr": mr, "nv": 2, "unroll": 4, "pack_a": int(big), "pack_b": int(big), "order": "ji",
+            "mc": 64, "kc": 256, "nc": 1024, "threads": lim.physical_cores if big else 1, "par": "n"}
+
+
+def _gemv_defaults(p, lim: Limits) -> dict[str, Any]:
+    # two column vectors x two K chains: four independent FMA chains, packed panels streamed once
+    return {"vec": _vec(lim), "jb": 2, "ksplit": 2, "unroll": 2, "w_layout": "packed", "threads": 1}
+
+
+def _row_defaults(p: Problem, lim: Limits) -> dict[str, Any]:
+    d = {"vec": _vec(lim), "unroll": 2, "threads": 1}
+    if p.op == "layernorm":
+        d["passes"] = 2
+    return d
+
+
+TEMPLATES: dict[str, Template] = {
+    "gemm": Template(
+        "gemm",
+        space=lambda p, lim: gemm.space(*p.dims, lim),
+        defaults=_gemm_defaults,
+        source=lambda p, k: gemm.source(k, p.epilogue),
+        bind=lambda lib, p, k, i, out: gemm.bind(lib, k, i["A"], i["B"], i.get("bias"), out),
+    ),
+    "gemv": Template(
+        "gemv",
+        space=lambda p, lim: gemv.space(*p.dims, lim),
+        defaults=_gemv_defaults,
+        source=lambda p, k: gemv.source(k, p.epilogue),
+        bind=lambda lib, p, k, i, out: gemv.bind(lib, k, i["x"], i["W"], i.get("bias"), out),
+    ),
+    "mlp": Template(
+        "mlp",
+        space=lambda p, lim: mlp.space(p.layers, lim),
+        defaults=_gemv_defaults,
+        source=lambda p, k: mlp.source(p.layers, k),
+        bind=lambda lib, p, k, i, out: mlp.bind(lib, p.layers, k, i["x"], i["weights"], i["biases"], out),
+    ),
+    **{op: Template(
+        op,
+        space=lambda p, lim: rowwise.space(p.op, *p.dims, lim),
+        defaults=_row_defaults,
+        source=lambda p, k: rowwise.source(p.op, k, p.epilogue),
+        bind=lambda lib, p, k, i, out: rowwise.bind(
+            lib, k, i["x"], out, i.get("gamma", i.get("bias")), i.get("beta", i.get("res"))),
+    ) for op in ("softmax", "layernorm", "eltwise")},
+}
 
 
 def limits(profile) -> Limits:
@@ -100,29 +123,16 @@ def limits(profile) -> Limits:
     return Limits(profile.fingerprint, max(1, profile.vector_lanes_fp32), regs, max(1, profile.physical_cores), caches)
 
 
-def knob_space(problem, lim) -> Space:
-    """The knob space of a template node: a ``Problem``, or a fused MLP's layer tuple."""
-    if isinstance(problem, tuple):
-        return mlp.space(problem, lim)
+def knob_space(problem, lim: Limits) -> Space:
+    """The knob space of a problem (a ``Problem`` or an ``MlpProblem``) on a machine with limits ``lim``."""
     return TEMPLATES[problem.op].space(problem, lim)
 
 
-def default_knobs(problem, lim) -> dict[str, Any]:
+def default_knobs(problem, lim: Limits) -> dict[str, Any]:
     """The setting a careful engineer would try first (the search starts here, measurements decide)."""
-    v = max(x for x in (1, 4, 8, 16) if x <= lim.vector_lanes)
-    if isinstance(problem, tuple):  # fused MLP layers
-        # two column vectors x two K chains: four independent FMA chains, packed panels streamed once
-        return {"vec": v, "jb": 2, "ksplit": 2, "unroll": 2, "w_layout": "packed", "threads": 1}
-    op = problem.op
-    if op == "gemv":
-        return {"vec": v, "jb": 2, "ksplit": 2, "unroll": 2, "w_layout": "packed", "threads": 1}
-    if op == "gemm":
-        M, N, K = problem.dims
-        big = M * N * K >= 2**22
-        mr = max(x for x in (1, 2, 3, 4, 6, 8) if x <= max(1, M) and x * 2 + 3 <= lim.vector_registers)
-        return {"vec": v, "mr": mr, "nv": 2, "unroll": 4, "pack_a": int(big), "pack_b": int(big), "order": "ji",
-                "mc": 64, "kc": 256, "nc": 1024, "threads": lim.physical_cores if big else 1, "par": "n"}
-    d = {"vec": v, "unroll": 2, "threads": 1}
-    if op == "layernorm":
-        d["passes"] = 2
-    return d
+    return TEMPLATES[problem.op].defaults(problem, lim)
+
+
+__all__ = ["LIBRARIES", "Limits", "MlpProblem", "OPS", "Problem", "ProblemError", "TEMPLATES", "Template",
+           "available_libraries", "check", "default_knobs", "flops", "knob_space", "limits", "make_inputs",
+           "min_bytes", "output_shape", "problem_from_json", "reference", "tolerance"]

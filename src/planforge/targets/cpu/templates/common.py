@@ -1,18 +1,30 @@
 """C building blocks shared by the CPU templates: SIMD types, exp/GELU, epilogues.
 
+The GEMM epilogue codes (``EPI``) and their C come from the op registry: one
+code per name of ``planforge.ops.kernel.gemm_epilogues()``, each applying
+its op's ``Epilogue`` snippet, so a new activation op needs no edit here.
+
 Vectors are GCC vector extensions of ``V`` floats: with ``-march=native`` the
 compiler lowers them to AVX2/AVX-512 (or SSE/NEON), contracting ``a*b+c`` into
 FMA instructions; ``V == 1`` is the plain scalar fallback for any ISA.
 """
 from __future__ import annotations
 
-EPILOGUES = ("none", "bias", "bias_relu", "bias_gelu")
-EPI_CODE = {e: i for i, e in enumerate(EPILOGUES)}
+from functools import lru_cache
 
-# sqrt(2/pi) and the cubic coefficient of the tanh form of GELU
-GELU_C0, GELU_C1 = 0.7978845608028654, 0.044715
+from ....ops import REGISTRY
+from ....ops.kernel import gemm_epilogues
 
-HEADER = r"""
+
+def epi_code(epilogue: str) -> int:
+    """The C code of a GEMM epilogue name (``none`` 0, ``bias`` 1, ``bias_<op>`` 2...)."""
+    names = gemm_epilogues()
+    if epilogue not in names:
+        raise ValueError(f"unknown epilogue {epilogue!r}; choose one of {', '.join(names)}")
+    return names.index(epilogue)
+
+
+_HEADER = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
@@ -29,12 +41,6 @@ static inline float s_exp(float x) { return expf(x); }
 static inline float s_gelu(float x) {
     float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
     return 0.5f * x * (1.0f + tanhf(u));
-}
-static inline float s_epi(float x, float b, int epi) {
-    if (epi >= 1) x += b;
-    if (epi == 2) x = x > 0.0f ? x : 0.0f;
-    if (epi == 3) x = s_gelu(x);
-    return x;
 }
 
 #if V > 1
@@ -69,18 +75,11 @@ static inline vf vgelu(vf x) {
     vf th = 1.0f - 2.0f / (vexp(2.0f * u) + 1.0f);
     return 0.5f * x * (1.0f + th);
 }
-static inline vf vepi(vf x, vf b, int epi) {
-    if (epi >= 1) x += b;
-    if (epi == 2) x = vmaxf(x, vset(0.0f));
-    if (epi == 3) x = vgelu(x);
-    return x;
-}
 #else
 typedef float vf;
 static inline vf vload(const float *p) { return *p; }
 static inline void vstore(float *p, vf v) { *p = v; }
 static inline vf vset(float x) { return x; }
-static inline vf vepi(vf x, vf b, int epi) { return s_epi(x, b, epi); }
 static inline vf vmaxf(vf a, vf b) { return a > b ? a : b; }
 static inline vf vexp(vf x) { return expf(x); }
 static inline vf vgelu(vf x) { return s_gelu(x); }
@@ -98,3 +97,25 @@ static inline float *scratch(float **buf, size_t *cap, size_t n) {
     return *buf;
 }
 """
+
+
+def _epilogue_c() -> str:
+    """``s_epi`` and ``vepi``: bias then the activation of each ``bias_<op>`` code, from the ops' snippets."""
+    sc, vc = [], []
+    for code, name in enumerate(gemm_epilogues()):
+        if not name.startswith("bias_"):
+            continue
+        ep = REGISTRY[name[len("bias_"):]].epilogue
+        sc.append(f"    case {code}: {{ float v = x; {ep.scalar} x = v; }} break;")
+        vc.append(f"    case {code}: {{ vf v = x; {ep.vec} x = v; }} break;")
+    s_epi = ("static inline float s_epi(float x, float b, int epi) {\n    if (epi >= 1) x += b;\n"
+             "    switch (epi) {\n" + "\n".join(sc) + "\n    default: break;\n    }\n    return x;\n}\n")
+    v_epi = ("static inline vf vepi(vf x, vf b, int epi) {\n    if (epi >= 1) x += b;\n"
+             "    switch (epi) {\n" + "\n".join(vc) + "\n    default: break;\n    }\n    return x;\n}\n")
+    return s_epi + v_epi
+
+
+@lru_cache(maxsize=1)
+def header() -> str:
+    """The C prelude every template includes: vector types, exp/GELU, scratch, and the generated epilogues."""
+    return _HEADER + "\n" + _epilogue_c()

@@ -19,9 +19,8 @@ import ctypes
 from typing import Any
 
 from ....space import Space, categorical, pow2
-from .common import EPI_CODE, HEADER
+from .common import epi_code, header
 
-COMPILE_KNOBS = ("mr", "nv", "pack_a", "pack_b", "order", "unroll", "vec")
 
 
 class GemmArgs(ctypes.Structure):
@@ -103,7 +102,7 @@ def source(knobs: dict[str, Any], epilogue: str) -> str:
     mr, nv, pa, pb = knobs["mr"], knobs["nv"], knobs["pack_a"], knobs["pack_b"]
     loop_ji = knobs["order"] == "ji"
     tile_loops = (("jr", "ir") if loop_ji else ("ir", "jr"))
-    defs = f"#define V {knobs['vec']}\n#define MR {mr}\n#define NV {nv}\n#define NR (NV * V)\n#define EPI {EPI_CODE[epilogue]}\n"
+    defs = f"#define V {knobs['vec']}\n#define MR {mr}\n#define NV {nv}\n#define NR (NV * V)\n#define EPI {epi_code(epilogue)}\n"
     loops = {
         "jr": "for (int jr = 0; jr < nb; jr += NR)",
         "ir": "for (int ir = 0; ir < mb; ir += MR)",
@@ -113,7 +112,7 @@ def source(knobs: dict[str, Any], epilogue: str) -> str:
     a_ld = "MR" if pa else "lda"
     b_ld = "NR" if pb else "ldb"
     body = f"""
-{defs}{HEADER}
+{defs}{header()}
 {_ukernel(mr, nv, pa, pb, knobs['unroll'])}
 
 /* scalar tile for the edges that packing does not pad */
@@ -238,28 +237,3 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], A, B, bias, C):
         fn(ptr)
 
     return run
-
-
-def flops(M: int, N: int, K: int, epilogue: str) -> float:
-    extra = {"none": 0, "bias": 1, "bias_relu": 2, "bias_gelu": 12}[epilogue]
-    return 2.0 * M * N * K + extra * M * N
-
-
-def compulsory_bytes(M: int, N: int, K: int, epilogue: str) -> float:
-    """Bytes every plan must move from memory at least once: A, B, bias, C."""
-    return 4.0 * (M * K + K * N + M * N + (N if epilogue != "none" else 0))
-
-
-def features(M: int, N: int, K: int, knobs: dict[str, Any]) -> dict[str, float]:
-    """Knob-derived quantities for cost models (tile footprints, tile counts, intensity)."""
-    nr = knobs["nv"] * knobs["vec"]
-    mr = knobs["mr"]
-    kc, mc, nc = min(knobs["kc"], K), min(knobs["mc"], M), min(knobs["nc"], N)
-    return {
-        "mr": mr, "nr": nr, "tile_flops_per_load": 2.0 * mr * nr / (mr + nr),
-        "l1_panel_bytes": kc * nr * 4, "l2_block_bytes": mc * kc * 4, "l3_block_bytes": kc * nc * 4,
-        "m_waste": (-M % mr) / max(M, 1), "n_waste": (-N % nr) / max(N, 1),
-        "k_blocks": -(-K // kc), "n_blocks": -(-N // nc), "m_blocks": -(-M // mc),
-        "pack_a": knobs["pack_a"], "pack_b": knobs["pack_b"], "threads": knobs["threads"], "unroll": knobs["unroll"],
-        "vec": knobs["vec"],
-    }

@@ -16,9 +16,8 @@ from typing import Any
 import numpy as np
 
 from ....space import Space, categorical
-from .common import EPI_CODE, HEADER
+from .common import epi_code, header
 
-COMPILE_KNOBS = ("vec", "jb", "ksplit", "unroll", "w_layout")
 
 
 class GemvArgs(ctypes.Structure):
@@ -96,8 +95,8 @@ static void """ + name + r"""(const float *x, const float *tail, long tld, const
 def source(knobs: dict[str, Any], epilogue: str) -> str:
     jb = knobs["jb"]
     packed = knobs["w_layout"] == "packed"
-    head = f"#define V {knobs['vec']}\n#define JB {jb}\n#define JBV (JB * V)\n#define EPI {EPI_CODE[epilogue]}"
-    return "\n".join([head, HEADER, block_source(knobs), tail_source(), r"""
+    head = f"#define V {knobs['vec']}\n#define JB {jb}\n#define JBV (JB * V)\n#define EPI {epi_code(epilogue)}"
+    return "\n".join([head, header(), block_source(knobs), tail_source(), r"""
 typedef struct { const float *x, *W, *bias; float *y; int N, K, threads; } gemv_args;
 
 void pf_gemv(const gemv_args *g) {
@@ -141,9 +140,3 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, W, bias, y):
         fn(ptr)
 
     return run
-
-
-def features(N: int, K: int, knobs: dict[str, Any]) -> dict[str, float]:
-    jbv = knobs["jb"] * knobs["vec"]
-    return {"jbv": jbv, "chains": knobs["jb"] * knobs["ksplit"], "tail_cols": N % jbv, "threads": knobs["threads"],
-            "packed": float(knobs["w_layout"] == "packed"), "unroll": knobs["unroll"], "vec": knobs["vec"]}

@@ -18,12 +18,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ....ops.kernel import epilogue_of_act
 from ....space import Space, categorical
-from .common import EPI_CODE, HEADER
+from .common import epi_code, header
 from .gemv import block_source, pack_weights, tail_source
 
-COMPILE_KNOBS = ("vec", "jb", "ksplit", "unroll", "w_layout")
-ACT_EPI = {"none": "bias", "relu": "bias_relu", "gelu:tanh": "bias_gelu"}
 
 
 class MlpArgs(ctypes.Structure):
@@ -47,7 +46,7 @@ def space(layers: Sequence[tuple[int, int, str]], profile) -> Space:
 
 def source(layers: Sequence[tuple[int, int, str]], knobs: dict[str, Any]) -> str:
     jbv = knobs["jb"] * knobs["vec"]
-    L = [f"#define V {knobs['vec']}", HEADER, block_source(knobs), tail_source()]
+    L = [f"#define V {knobs['vec']}", header(), block_source(knobs), tail_source()]
     packed = knobs["w_layout"] == "packed"
     body = []
     offs = 0
@@ -55,7 +54,7 @@ def source(layers: Sequence[tuple[int, int, str]], knobs: dict[str, Any]) -> str
         src = "g->x" if i == 0 else f"s{(i - 1) % 2}"
         dst = "g->y" if i == len(layers) - 1 else f"s{i % 2}"
         nblk = n // jbv
-        epi = EPI_CODE[ACT_EPI[act]]
+        epi = epi_code(epilogue_of_act(act))
         wl = f"W[{i}]"
         wp = f"{wl} + (long)b * {k} * {jbv}" if packed else "NULL"
         tail_w, tail_ld = (f"{wl} + (long){nblk} * {k} * {jbv}", n - nblk * jbv) if packed else (f"{wl} + {nblk * jbv}", n)

@@ -12,70 +12,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ....space import fingerprint_of
-from .common import EPILOGUES, GELU_C0, GELU_C1
-from .rowwise import LN_EPS, parse_chain
+from ....ops import REGISTRY
+from ....ops.gelu import numpy_gelu
+from ....ops.kernel import KERNELS, Problem, ProblemError, parse_chain
+from .rowwise import LN_EPS
 
-OPS = ("gemm", "gemv", "softmax", "layernorm", "eltwise")
+OPS = tuple(KERNELS)
 U32 = 2.0**-24
-
-
-class ProblemError(ValueError):
-    """A problem that cannot be built (bad op, shape or epilogue)."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One kernel invocation with concrete shapes.
-
-    ``dims``: gemm (M, N, K); gemv (N, K); softmax, layernorm, eltwise (rows, cols).
-    ``epilogue``: for gemm/gemv one of none, bias, bias_relu, bias_gelu; for
-    eltwise the chain of steps, e.g. ``bias_gelu`` or ``bias_relu_add``.
-    """
-
-    op: str
-    dims: tuple[int, ...]
-    epilogue: str = "none"
-
-    def __post_init__(self):
-        if self.op not in OPS:
-            raise ProblemError(f"unknown op {self.op!r}; known: {', '.join(OPS)}")
-        want = {"gemm": 3, "gemv": 2}.get(self.op, 2)
-        if len(self.dims) != want or not all(isinstance(d, int) and d >= 1 for d in self.dims):
-            names = {"gemm": "M,N,K", "gemv": "N,K"}.get(self.op, "rows,cols")
-            raise ProblemError(f"{self.op} needs {want} positive integer sizes ({names}), got {self.dims}")
-        if self.op in ("gemm", "gemv") and self.epilogue not in EPILOGUES:
-            raise ProblemError(f"unknown epilogue {self.epilogue!r}; choose one of {', '.join(EPILOGUES)}")
-        if self.op == "eltwise":
-            try:
-                parse_chain(self.epilogue)
-            except ValueError as e:
-                raise ProblemError(str(e)) from None
-        if self.op in ("softmax", "layernorm") and self.epilogue != "none":
-            raise ProblemError(f"{self.op} takes no epilogue")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "dims": list(self.dims), "epilogue": self.epilogue}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Problem":
-        return cls(d["op"], tuple(d["dims"]), d.get("epilogue", "none"))
-
-    @property
-    def key(self) -> str:
-        return fingerprint_of(self.to_json())
-
-    @property
-    def reduction(self) -> int:
-        """Length of the longest sum behind one output (sets the tolerance)."""
-        return {"gemm": lambda: self.dims[2], "gemv": lambda: self.dims[1]}.get(self.op, lambda: self.dims[1])()
-
-    def shapes(self) -> dict[str, list[int]]:
-        return {k: list(v.shape) for k, v in make_inputs(self, 0, shapes_only=True).items()}
-
-
-def _gelu(x):
-    return 0.5 * x * (1.0 + np.tanh(GELU_C0 * (x + GELU_C1 * x**3)))
 
 
 def make_inputs(p: Problem, seed: int = 0, shapes_only: bool = False) -> dict[str, np.ndarray]:
@@ -123,15 +66,12 @@ def output_shape(p: Problem) -> tuple[int, ...]:
 
 
 def _apply(x, epilogue: str, bias, res=None):
+    """An epilogue chain by its ops' reference semantics (``bias_gelu``, ``relu_add``...)."""
     for step in (parse_chain(epilogue) if epilogue != "none" else []):
-        if step == "bias":
-            x = x + bias
-        elif step == "relu":
-            x = np.maximum(x, 0)
-        elif step == "gelu":
-            x = _gelu(x)
-        elif step == "add":
-            x = x + res
+        ep = REGISTRY[step].epilogue
+        operand = {"bias": bias, "residual": res}.get(ep.operand)
+        args = [x] if not ep.operand else [x, operand]
+        x = REGISTRY[step].reference(args, REGISTRY[step].from_egg(ep.attr))
     return x
 
 
@@ -166,8 +106,10 @@ def tolerance(p: Problem, inputs: dict[str, np.ndarray]) -> np.ndarray:
         if "bias" in f:
             mag = mag + f["bias"]
         tol = 4.0 * (K + 2) * U32 * mag
-        if p.epilogue == "bias_gelu":
-            tol = tol * 1.2 + 1e-6 * (1.0 + mag)  # GELU's slope is below 1.13; exp/tanh approximations
+        if p.epilogue.startswith("bias_") and p.epilogue != "bias_relu":
+            # a smooth activation (GELU, SiLU: slopes below 1.13; sigmoid, tanh below 1) through exp/tanh
+            # approximations
+            tol = tol * 1.2 + 1e-6 * (1.0 + mag)
         return tol + 1e-30
     C = p.dims[1]
     if p.op == "softmax":
@@ -199,16 +141,23 @@ def check(p: Problem, inputs: dict[str, np.ndarray], out: np.ndarray, ref: np.nd
     return None
 
 
+def _epi_flops(epilogue: str) -> float:
+    """FLOPs per output element of a GEMM epilogue: the bias add and its activation's."""
+    if epilogue == "none":
+        return 0.0
+    act = epilogue[len("bias_"):] if epilogue.startswith("bias_") else ""
+    return 1.0 + (REGISTRY[act].epilogue.flops if act else 0.0)
+
+
 def flops(p: Problem) -> float:
     if p.op == "gemm":
         M, N, K = p.dims
-        return 2.0 * M * N * K + {"none": 0, "bias": 1, "bias_relu": 2, "bias_gelu": 12}[p.epilogue] * M * N
+        return 2.0 * M * N * K + _epi_flops(p.epilogue) * M * N
     if p.op == "gemv":
         N, K = p.dims
-        return 2.0 * N * K + {"none": 0, "bias": 1, "bias_relu": 2, "bias_gelu": 12}[p.epilogue] * N
+        return 2.0 * N * K + _epi_flops(p.epilogue) * N
     R, C = p.dims
-    per = {"softmax": 25, "layernorm": 8}.get(p.op) or sum({"bias": 1, "relu": 1, "gelu": 12, "add": 1}[s]
-                                                          for s in parse_chain(p.epilogue))
+    per = {"softmax": 25, "layernorm": 8}.get(p.op) or sum(REGISTRY[s].epilogue.flops for s in parse_chain(p.epilogue))
     return float(per * R * C)
 
 
@@ -225,18 +174,17 @@ def _numpy_impl(p: Problem, inp: dict[str, np.ndarray], out: np.ndarray) -> Call
     if p.op in ("gemm", "gemv"):
         a, b = (inp["A"], inp["B"]) if p.op == "gemm" else (inp["x"], inp["W"])
         bias = inp.get("bias")
-        tmp = np.empty_like(out)
         epi = p.epilogue
+
+        act = _act_step(epi, out)
 
         def run():
             np.matmul(a, b, out=out)
             if epi == "none":
                 return
             np.add(out, bias, out=out)
-            if epi == "bias_relu":
-                np.maximum(out, 0, out=out)
-            elif epi == "bias_gelu":
-                numpy_gelu(out, tmp)
+            if act is not None:
+                act()
 
         return run
     x = inp["x"]
@@ -268,35 +216,28 @@ def _numpy_impl(p: Problem, inp: dict[str, np.ndarray], out: np.ndarray) -> Call
             np.add(out, b, out=out)
 
         return run
-    steps = parse_chain(p.epilogue)
-    tmp = np.empty_like(out)
+    steps = []  # each step in place on out, by its op's library step
+    for step in parse_chain(p.epilogue):
+        op = REGISTRY[step]
+        ep = op.epilogue
+        operand = {"bias": inp.get("bias"), "residual": inp.get("res")}.get(ep.operand)
+        steps.append(op.library[op.name].step([out] + ([operand] if ep.operand else []), out, op.from_egg(ep.attr)))
+    steps = tuple(steps)
 
     def run():
         np.copyto(out, x)
-        for step in steps:
-            if step == "bias":
-                np.add(out, inp["bias"], out=out)
-            elif step == "relu":
-                np.maximum(out, 0, out=out)
-            elif step == "gelu":
-                numpy_gelu(out, tmp)
-            elif step == "add":
-                np.add(out, inp["res"], out=out)
+        for f in steps:
+            f()
 
     return run
 
 
-def numpy_gelu(x: np.ndarray, t: np.ndarray) -> None:
-    """GELU (tanh form) of ``x`` in place, with ``t`` as scratch: no temporaries."""
-    np.multiply(x, x, out=t)
-    np.multiply(t, x, out=t)
-    t *= GELU_C1
-    t += x
-    t *= GELU_C0
-    np.tanh(t, out=t)
-    t += 1.0
-    t *= x
-    np.multiply(t, 0.5, out=x)
+def _act_step(epilogue: str, out: np.ndarray) -> Callable[[], None] | None:
+    """The activation of a ``bias_<op>`` epilogue as a library step in place on ``out``."""
+    if not epilogue.startswith("bias_"):
+        return None
+    op = REGISTRY[epilogue[len("bias_"):]]
+    return op.library[op.name].step([out], out, op.from_egg(op.epilogue.attr))
 
 
 def _torch_impl(p: Problem, inp: dict[str, np.ndarray], out: np.ndarray) -> Callable[[], None]:
@@ -310,6 +251,7 @@ def _torch_impl(p: Problem, inp: dict[str, np.ndarray], out: np.ndarray) -> Call
         o2 = o if p.op == "gemm" else o.unsqueeze(0)
         epi = p.epilogue
         bias = t.get("bias")
+        act = REGISTRY[epi[len("bias_"):]].epilogue.torch if epi.startswith("bias_") else None
 
         def run():
             with torch.inference_mode():
@@ -317,10 +259,8 @@ def _torch_impl(p: Problem, inp: dict[str, np.ndarray], out: np.ndarray) -> Call
                     torch.mm(a, b, out=o2)
                 else:
                     torch.addmm(bias, a, b, out=o2)
-                    if epi == "bias_relu":
-                        torch.relu_(o2)
-                    elif epi == "bias_gelu":
-                        o2.copy_(F.gelu(o2, approximate="tanh"))
+                    if act is not None:
+                        o2.copy_(act(o2, None))
 
         return run
     x = t["x"]
@@ -338,14 +278,14 @@ def _torch_impl(p: Problem, inp: dict[str, np.ndarray], out: np.ndarray) -> Call
                 o.copy_(F.layer_norm(x, (C,), t["gamma"], t["beta"], LN_EPS))
 
         return run
-    steps = parse_chain(p.epilogue)
+    steps = [(REGISTRY[s].epilogue.torch, {"bias": t.get("bias"), "residual": t.get("res")}.get(
+        REGISTRY[s].epilogue.operand)) for s in parse_chain(p.epilogue)]
 
     def run():
         with torch.inference_mode():
             y = x
-            for step in steps:
-                y = {"bias": lambda v: v + t["bias"], "relu": torch.relu, "gelu": lambda v: F.gelu(v, approximate="tanh"),
-                     "add": lambda v: v + t["res"]}[step](y)
+            for f, operand in steps:
+                y = f(y, operand)
             o.copy_(y)
 
     return run

@@ -11,25 +11,17 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from ....ops import REGISTRY
+from ....ops.kernel import parse_chain
+from ....ops.layernorm import TEMPLATE_EPS as LN_EPS
 from ....space import Space, categorical
-from .common import HEADER
+from .common import header
 
-COMPILE_KNOBS = ("vec", "unroll", "passes")
-LN_EPS = 1e-5
-CHAIN_STEPS = ("bias", "relu", "gelu", "add")
 
 
 class RowArgs(ctypes.Structure):
     _fields_ = [("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("p0", ctypes.c_void_p), ("p1", ctypes.c_void_p),
                 ("R", ctypes.c_int), ("C", ctypes.c_int), ("threads", ctypes.c_int)]
-
-
-def parse_chain(chain: str) -> list[str]:
-    steps = [s for s in chain.split("_") if s]
-    bad = [s for s in steps if s not in CHAIN_STEPS]
-    if not steps or bad:
-        raise ValueError(f"elementwise chain {chain!r}: steps must be among {', '.join(CHAIN_STEPS)} joined by '_'")
-    return steps
 
 
 def space(op: str, R: int, C: int, profile) -> Space:
@@ -122,10 +114,10 @@ static void row(const float *restrict x, float *restrict y, const float *gamma, 
 
 
 def _eltwise_row(unroll: int, chain: str) -> str:
-    code = {"bias": "v = v + {ld}(bias + c);", "relu": "v = {max}(v, {set}(0.0f));", "gelu": "v = {gelu}(v);",
-            "add": "v = v + {ld}(res + c);"}
-    vec_ops = " ".join(code[s].format(ld="vload", max="vmaxf", set="vset", gelu="vgelu") for s in parse_chain(chain))
-    sc_ops = " ".join(code[s].format(ld="*", max="fmaxf", set="", gelu="s_gelu") for s in parse_chain(chain))
+    """Each step of the chain is its op's epilogue snippet (the op registry), applied in registers."""
+    steps = [REGISTRY[s].epilogue for s in parse_chain(chain)]
+    vec_ops = " ".join(ep.vec for ep in steps)
+    sc_ops = " ".join(ep.scalar for ep in steps)
     return f"""
 static void row(const float *restrict x, float *restrict y, const float *bias, const float *res0, int C, int r) {{
     const float *res = res0 ? res0 + (long)r * C : NULL;
@@ -139,7 +131,7 @@ static void row(const float *restrict x, float *restrict y, const float *bias, c
 
 
 def source(op: str, knobs: dict[str, Any], chain: str = "") -> str:
-    head = f"#define V {knobs['vec']}\n" + HEADER
+    head = f"#define V {knobs['vec']}\n" + header()
     if op == "softmax":
         body = _softmax_row(knobs["unroll"])
     elif op == "layernorm":

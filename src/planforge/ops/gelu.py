@@ -1,0 +1,95 @@
+"""gelu: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (``approximate="tanh"``, the IR's default) or the
+exact ``0.5 x (1 + erf(x / sqrt 2))`` (``approximate="none"``); the compiled epilogue computes the tanh form."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import Epilogue, Library, Op, keep_shape
+from .kernel import eltwise_kernel
+
+C0, C1 = 0.7978845608028654, 0.044715  # sqrt(2/pi) and the cubic coefficient of the tanh form
+
+
+def gelu(x, approximate: str = "tanh"):
+    if approximate == "none":
+        from scipy.special import erf
+
+        return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+    return 0.5 * x * (1.0 + np.tanh(C0 * (x + C1 * x**3)))
+
+
+def numpy_gelu(x: np.ndarray, t: np.ndarray) -> None:
+    """GELU (tanh form) of ``x`` in place, with ``t`` as scratch: no temporaries."""
+    np.multiply(x, x, out=t)
+    np.multiply(t, x, out=t)
+    t *= C1
+    t += x
+    t *= C0
+    np.tanh(t, out=t)
+    t += 1.0
+    t *= x
+    np.multiply(t, 0.5, out=x)
+
+
+def _step(ins, out, attrs):
+    a = ins[0]
+    t = np.empty_like(out)
+    if attrs.get("approximate", "tanh") == "tanh":
+        if a is out:  # in place (an epilogue step): no copy
+            return lambda: numpy_gelu(out, t)
+
+        def run():
+            np.copyto(out, a)
+            numpy_gelu(out, t)
+
+        return run
+    from scipy.special import erf
+
+    r2 = np.float32(1 / math.sqrt(2.0))
+
+    def run():
+        np.multiply(a, r2, out=t)
+        erf(t, out=t)
+        np.add(t, 1.0, out=t)
+        np.multiply(a, t, out=out)
+        np.multiply(out, 0.5, out=out)
+
+    return run
+
+
+def _approx(em, approx):
+    if approx not in ("none", "tanh"):
+        raise em.unsupported(f"gelu approximate={approx!r}")
+    return approx
+
+
+def _torch(em, node, a, kw):
+    approx = _approx(em, kw.get("approximate", a[1] if len(a) > 1 else "none"))
+    return em.node("gelu", [a[0]], node.name, approximate=approx)
+
+
+def _onnx(em, node, ins, at, opset):
+    return em.node("gelu", [ins[0]], node.output[0], approximate=_approx(em, at.get("approximate", "none")))
+
+
+def _torch_gelu(v, _):
+    import torch
+
+    return torch.nn.functional.gelu(v, approximate="tanh")
+
+
+OPS = [Op(
+    "gelu", 1, keep_shape,
+    reference=lambda a, attrs: gelu(a[0], attrs.get("approximate", "tanh")),
+    library={"gelu": Library(_step)},
+    egg_attr=lambda attrs: attrs.get("approximate", "tanh"),
+    from_egg=lambda s: {"approximate": s or "tanh"},
+    templated=True,
+    kernel=eltwise_kernel("gelu"),
+    epilogue=Epilogue("v = vgelu(v);", "v = s_gelu(v);", flops=12, attr="tanh", torch=_torch_gelu),
+    torch={"gelu": _torch},
+    onnx={"Gelu": _onnx},
+    doc="GELU, tanh form by default",
+)]

@@ -1,0 +1,193 @@
+"""Kernel problems: one invocation of a compiled template with concrete shapes.
+
+A ``Problem`` is what the e-graph analysis asks a target's templates to run
+(``Op.kernel`` makes it from a template e-node) and what a single-kernel
+workload tunes. It is target-neutral: the CPU's C templates and a GPU's
+Triton templates implement the same problems.
+
+- ``Problem("gemm", (M, N, K), epilogue)``: ``act(A @ B + bias)``;
+- ``Problem("gemv", (N, K), epilogue)``: the same for one row;
+- ``Problem("softmax" | "layernorm", (rows, cols))``: row-wise over the last axis;
+- ``Problem("eltwise", (rows, cols), chain)``: a chain of elementwise steps;
+- ``MlpProblem(layers)``: consecutive GEMV layers ``(K, N, act)`` fused into one kernel.
+
+GEMM epilogues are ``none``, ``bias`` and ``bias_<op>`` for every op of the
+registry with a unary elementwise epilogue; eltwise chains are steps among
+every op with an epilogue, joined by ``_`` (``bias_gelu_add``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+KERNELS = {"gemm": "M,N,K", "gemv": "N,K", "softmax": "rows,cols", "layernorm": "rows,cols", "eltwise": "rows,cols"}
+
+
+class ProblemError(ValueError):
+    """A problem that cannot be built (bad op, shape or epilogue)."""
+
+
+def _key(d: Any) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def activations() -> dict[str, str]:
+    """Fused-epilogue activation name (``relu``, ``gelu:tanh``) -> the op that applies it."""
+    from .registry import REGISTRY
+
+    out = {}
+    for op in REGISTRY.values():
+        name = op.act_name(op.epilogue.attr) if op.epilogue else None
+        if name:
+            out[name] = op.name
+    return out
+
+
+def gemm_epilogues() -> tuple[str, ...]:
+    """``none``, ``bias``, then ``bias_<op>`` per activation, in registry order (a template's code per name)."""
+    return ("none", "bias", *(f"bias_{op}" for op in activations().values()))
+
+
+def epilogue_of_act(act: str) -> str | None:
+    """The GEMM epilogue of a fused linear's activation (``none`` -> ``bias``), or None when no template has it."""
+    if act == "none":
+        return "bias"
+    op = activations().get(act)
+    return f"bias_{op}" if op else None
+
+
+def chain_steps() -> tuple[str, ...]:
+    """Ops an elementwise template can chain (every op with an epilogue)."""
+    from .registry import REGISTRY
+
+    return tuple(op.name for op in REGISTRY.values() if op.epilogue is not None)
+
+
+def parse_chain(chain: str) -> list[str]:
+    steps = [s for s in chain.split("_") if s]
+    known = chain_steps()
+    bad = [s for s in steps if s not in known]
+    if not steps or bad:
+        raise ValueError(f"elementwise chain {chain!r}: steps must be among {', '.join(known)} joined by '_'")
+    return steps
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One kernel invocation with concrete shapes.
+
+    ``dims``: gemm (M, N, K); gemv (N, K); softmax, layernorm, eltwise (rows, cols).
+    ``epilogue``: for gemm/gemv one of ``gemm_epilogues()``; for eltwise the
+    chain of steps, e.g. ``bias_gelu`` or ``bias_relu_add``.
+    """
+
+    op: str
+    dims: tuple[int, ...]
+    epilogue: str = "none"
+
+    def __post_init__(self):
+        if self.op not in KERNELS:
+            raise ProblemError(f"unknown op {self.op!r}; known: {', '.join(KERNELS)}")
+        names = KERNELS[self.op]
+        want = names.count(",") + 1
+        if len(self.dims) != want or not all(isinstance(d, int) and d >= 1 for d in self.dims):
+            raise ProblemError(f"{self.op} needs {want} positive integer sizes ({names}), got {self.dims}")
+        if self.op in ("gemm", "gemv") and self.epilogue not in gemm_epilogues():
+            raise ProblemError(f"unknown epilogue {self.epilogue!r}; choose one of {', '.join(gemm_epilogues())}")
+        if self.op == "eltwise":
+            try:
+                parse_chain(self.epilogue)
+            except ValueError as e:
+                raise ProblemError(str(e)) from None
+        if self.op in ("softmax", "layernorm") and self.epilogue != "none":
+            raise ProblemError(f"{self.op} takes no epilogue")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "dims": list(self.dims), "epilogue": self.epilogue}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Problem | MlpProblem":
+        """A problem from its ``to_json`` (a fused MLP's gives an ``MlpProblem``)."""
+        return problem_from_json(d)
+
+    @property
+    def key(self) -> str:
+        return _key(self.to_json())
+
+    @property
+    def reduction(self) -> int:
+        """Length of the longest sum behind one output (sets the tolerance)."""
+        return self.dims[2] if self.op == "gemm" else self.dims[1]
+
+
+@dataclass(frozen=True)
+class MlpProblem:
+    """Consecutive linear layers of one row fused into one kernel: ``layers`` = ((K, N, act), ...)."""
+
+    layers: tuple[tuple[int, int, str], ...]
+    op: str = "mlp"
+
+    def __post_init__(self):
+        if not self.layers:
+            raise ProblemError("a fused MLP needs at least one layer")
+        acts = activations()
+        for i, (k, n, act) in enumerate(self.layers):
+            if not (isinstance(k, int) and isinstance(n, int) and k >= 1 and n >= 1):
+                raise ProblemError(f"layer {i}: sizes must be positive integers, got ({k}, {n})")
+            if act != "none" and act not in acts:
+                raise ProblemError(f"layer {i}: activation {act!r} has no fused epilogue; known: none, "
+                                   f"{', '.join(acts)}")
+            if i and self.layers[i - 1][1] != k:
+                raise ProblemError(f"layer {i} takes {k} inputs, layer {i - 1} gives {self.layers[i - 1][1]}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": "mlp", "layers": [list(x) for x in self.layers]}
+
+    @property
+    def key(self) -> str:
+        return _key(self.to_json())
+
+    @property
+    def reduction(self) -> int:
+        return max(k for k, _, _ in self.layers)
+
+
+def eltwise_kernel(name: str):
+    """``Op.kernel`` of an op with an epilogue: one chain step over [rows, cols] (None when its attribute is not
+    the one the template implements)."""
+    def kernel(s, out, attrs, name=name):
+        from .registry import REGISTRY
+
+        op = REGISTRY[name]
+        if op.egg_attr(attrs) != op.epilogue.attr or not out:
+            return None
+        rows = 1
+        for d in out[:-1]:
+            rows *= d
+        return Problem("eltwise", (rows, out[-1]), name)
+    return kernel
+
+
+def rowwise_kernel(kind: str):
+    """``Op.kernel`` of a row-wise op (softmax, layernorm) over the last axis."""
+    def kernel(s, out, attrs, kind=kind):
+        if not out:
+            return None
+        rows = 1
+        for d in out[:-1]:
+            rows *= d
+        return Problem(kind, (rows, out[-1]))
+    return kernel
+
+
+def problem_from_json(d: dict[str, Any]) -> Problem | MlpProblem:
+    """A problem from ``to_json`` (specs before 0.2 stored a fused MLP as ``{"layers": ...}``)."""
+    if d.get("op", "mlp") == "mlp" and "layers" in d:
+        return MlpProblem(tuple((int(k), int(n), str(a)) for k, n, a in d["layers"]))
+    return Problem(d["op"], tuple(d["dims"]), d.get("epilogue", "none"))
+
+
+__all__ = ["KERNELS", "MlpProblem", "Problem", "ProblemError", "activations", "chain_steps", "eltwise_kernel", "epilogue_of_act",
+           "gemm_epilogues", "parse_chain", "problem_from_json", "rowwise_kernel"]
