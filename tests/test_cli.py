@@ -65,3 +65,17 @@ def test_spec_validate_and_show(cli, tmp_path):
     bad.write_text("{")
     r = cli("spec", "validate", bad)
     assert r.returncode == 1 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_target_option(cli, tmp_path):
+    r = cli("tune", "--workload", "drill", "--target", "table", "--strategy", "exhaustive", "--budget", "24",
+            "--out", tmp_path, "--json", check=True)
+    assert json.loads(r.stdout)["latency_s"] == 103e-9
+    assert load_spec(tmp_path / "spec.json")["target"]["backend"] == "table"
+    for args, msg in [(["tune", "-w", "drill", "--target", "cpu"], "the drill runs on the 'table' target only"),
+                      (["tune", "-w", "gemm", "--target", "nope"],
+                       "target 'nope' is not available; known targets: cpu, replay, table"),
+                      (["probe", "--target", "nope"], "target 'nope' is not available"),
+                      (["probe", "--target", "table"], "target 'table' has no device of its own to probe")]:
+        r = cli(*args, "--out", tmp_path / "x") if args[0] == "tune" else cli(*args)
+        assert r.returncode == 2 and msg in r.stderr.replace("\n", " ") and "Traceback" not in r.stderr, (args, r.stderr)

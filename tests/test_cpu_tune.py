@@ -7,7 +7,7 @@ from planforge.outcome import Outcome
 from planforge.search import Ranked, Walk, walk_finalists
 from planforge.space import Space, categorical
 from planforge.spec import load_spec
-from planforge.tune import TaskResult
+from planforge.results import TaskResult
 
 
 def test_tune_gemm_json_reports_library_side_by_side(cli, tmp_path):

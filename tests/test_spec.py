@@ -4,7 +4,7 @@ import pytest
 
 from planforge.search import Budget
 from planforge.spec import SCHEMA_VERSION, SpecError, dumps, load_spec, schema, validate
-from planforge.tune import tune
+from planforge.tuning import tune
 from planforge.workloads import load_workload
 
 

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .spec import SpecError, load_spec
+from .targets import Target, TargetError, get_target
 
 
 class PlanMismatch(SpecError):
@@ -30,24 +31,31 @@ def _graph_for(manifest: dict[str, Any]):
                        "(planforge.compile(module, spec=...)); only graph plans can be loaded and run")
 
 
-def load(spec_path: str | os.PathLike, check_device: bool = True, graph=None) -> "LoadedPlan":
+def load(spec_path: str | os.PathLike, check_device: bool = True, graph=None,
+         target: str | Target | None = None) -> "LoadedPlan":
     """The plan a spec describes, compiled for this machine, as a callable.
 
     The weights come from the workload the spec references (a zoo model or
     model file), or from ``graph`` when given (a graph imported from the module
     the spec was tuned on, see ``planforge.compile``); kernels are rebuilt from
-    the spec's knobs (or taken from the build cache). ``check_device``
-    (default True) refuses a spec tuned on another machine: its times say
+    the spec's knobs (or taken from the build cache) by ``target`` (a name or a
+    ``Target``; default None: the target the spec was tuned on). ``check_device``
+    (default True) refuses a spec tuned on another device: its times say
     nothing about this one."""
     spec = load_spec(spec_path)
     task = spec["tasks"].get("graph")
     if task is None or "program" not in task:
         raise PlanMismatch(f"{spec_path}: not a graph plan (tasks: {', '.join(spec['tasks'])}); "
                            "tune a model workload to get a runnable plan")
-    if check_device and spec["target"]["backend"] == "cpu":
-        from .targets.cpu.probe import hardware
-
-        here = hardware().fingerprint
+    tuned_on = spec["target"]["backend"]
+    try:
+        tgt = get_target(target if target is not None else tuned_on)
+    except TargetError as e:
+        raise PlanMismatch(f"{spec_path}: {e}") from None
+    if tgt.name != tuned_on:
+        raise PlanMismatch(f"{spec_path} was tuned on target {tuned_on!r}, not {tgt.name!r}; re-tune there")
+    if check_device:
+        here = tgt.fingerprint
         if spec["target"]["fingerprint"] != here:
             raise PlanMismatch(f"{spec_path} was tuned on device {spec['target']['fingerprint']}, this machine is "
                                f"{here}; re-tune here (or pass check_device=False to run it anyway)")
@@ -56,43 +64,26 @@ def load(spec_path: str | os.PathLike, check_device: bool = True, graph=None) ->
     if want != spec["manifest"]["shapes"]:
         raise PlanMismatch(f"{spec_path}: the workload's inputs {want} no longer match the spec's "
                            f"{spec['manifest']['shapes']}")
-    return LoadedPlan(spec, graph, task)
+    return LoadedPlan(spec, graph, task, tgt)
 
 
 class LoadedPlan:
-    """Call with the graph's inputs (numpy arrays, or torch tensors on the CPU) in order."""
+    """Call with the graph's inputs (numpy arrays, or torch tensors on the CPU) in order.
 
-    def __init__(self, spec: dict, graph, task: dict):
-        from .targets.cpu.graph import numpy_forward, template_source
-        from .targets.cpu.plan import Plan
-        from .targets.cpu.build import build_many
-        from .targets.cpu.templates import Problem
+    Built by ``load``: ``target`` compiles the spec's ``task`` (its program, or the library
+    baseline when the spec fell back to it) for ``graph``."""
 
-        self.spec, self.graph = spec, graph
+    def __init__(self, spec: dict, graph, task: dict, target: Target):
+        self.spec, self.graph, self.target = spec, graph, target
         self.fallback = task.get("fallback")
-        program = task["program"]
         self._signature = [(tuple(spec["manifest"]["shapes"][n]), np.dtype(np.float32)) for n in graph.inputs]
-        self._one = None
-        if self.fallback:
-            self._fn: Callable = numpy_forward(graph)
-            self._fast = self._fn
-            self.plan = None
-            return
-        problems = {}
-        for s in program:
-            p = s.get("problem")
-            if p is not None:
-                problems[s["cls"]] = tuple(tuple(x) for x in p["layers"]) if "layers" in p else Problem.from_json(p)
-        items = list(problems.items())
-        built = build_many([template_source(p, next(s for s in program if s["cls"] == c)["knobs"]) for c, p in items])
-        libs = {}
-        for (c, _), (b, err, log) in zip(items, built):
-            if b is None:
-                raise PlanMismatch(f"step {c} does not compile here: {err}")
-            libs[c] = str(b.path)
-        self.plan = Plan(graph, program, libs, problems)
+        try:
+            self.plan = target.plan(graph, None if self.fallback else task["program"])
+        except TargetError as e:
+            raise PlanMismatch(str(e)) from None
         self._fn = self.plan
         self._fast = self.plan.run_on
+        self._one = None
         if len(self._signature) == 1 and len(self.plan.output_classes) == 1:
             self._one = (*self._signature[0], self.plan.single())
 
@@ -154,13 +145,18 @@ def _as_tuple(example_inputs) -> tuple:
     return tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
 
 
-def _workload(workload_or_module, example_inputs, name: str | None, options: dict[str, Any] | None):
+def _workload(workload_or_module, example_inputs, name: str | None, options: dict[str, Any] | None,
+              target: Target | None):
     from .workloads import Workload, load_workload
 
     if isinstance(workload_or_module, Workload):
+        built_for = sorted({t.backend.name for t in workload_or_module.tasks})
+        if target is not None and built_for != [target.name]:
+            raise ValueError(f"workload {workload_or_module.name!r} was built for target {', '.join(built_for)}, not "
+                             f"{target.name!r}: build it with load_workload(..., target={target.name!r})")
         return workload_or_module
     if isinstance(workload_or_module, (str, os.PathLike)):
-        return load_workload(str(workload_or_module), options)
+        return load_workload(str(workload_or_module), options, target)
     if _is_torch_module(workload_or_module) or type(workload_or_module).__name__ == "ExportedProgram":
         try:
             from .ir import from_torch
@@ -175,13 +171,14 @@ def _workload(workload_or_module, example_inputs, name: str | None, options: dic
                              "become the plan's shapes)")
         graph = from_torch(workload_or_module, args, name=name)
         opts = dict(options or {})
-        return graph_workload(graph, name or graph.name, **{k: opts[k] for k in ("memory_budget_mb", "seed")
-                                                             if k in opts})
+        return graph_workload(graph, name or graph.name, target=target if target is not None else "cpu",
+                              **{k: opts[k] for k in ("memory_budget_mb", "seed") if k in opts})
     raise TypeError(f"planforge.tune takes a workload name, a model file, a Workload or a torch.nn.Module, "
                     f"got {type(workload_or_module).__name__}")
 
 
-def tune(workload_or_module, example_inputs=None, target: str = "cpu", budget: int = 64, strategy: str = "auto",
+def tune(workload_or_module, example_inputs=None, target: str | Target | None = None, budget: int = 64,
+         strategy: str = "auto",
          seed: int = 0, out: str | os.PathLike | None = None, time_budget: float | None = None, keep: int = 4,
          options: dict[str, Any] | None = None, name: str | None = None, resume: bool = False,
          executor: dict[str, Any] | None = None):
@@ -192,7 +189,9 @@ def tune(workload_or_module, example_inputs=None, target: str = "cpu", budget: i
             (.onnx, .pt2), a ``Workload``, or a ``torch.nn.Module`` (imported with
             ``planforge.ir.from_torch`` at ``example_inputs``).
         example_inputs: the module's positional inputs (a tensor or a tuple); needed for modules only.
-        target: where to tune; ``"cpu"`` (the default) is the target this build measures on.
+        target: where to tune: a target name (``"cpu"``, ``"table"``...; see ``planforge.targets.TARGETS``) or a
+            ``Target``; default None: the workload's own (the CPU for kernels, models and modules, the table for
+            the drill). An unknown name is a ``ValueError`` listing the known ones.
         budget: unique evaluations per task (default 64); ``time_budget``: wall seconds per task (default none).
         strategy: a search strategy name or ``"auto"`` (default).
         out: output folder for spec.json, run.json and report.html (default ``planforge-out/NAME``).
@@ -204,12 +203,9 @@ def tune(workload_or_module, example_inputs=None, target: str = "cpu", budget: i
     (the chosen plan as a callable; graph workloads); ``.specs`` maps each device fingerprint tuned to its spec
     file (``spec.json`` for this machine's)."""
     from .search import Budget
-    from .tune import tune as run_tune
+    from .tuning import tune as run_tune
 
-    if target != "cpu":
-        raise ValueError(f"target {target!r} is not available: this build tunes on 'cpu' (GPU targets need the "
-                         "gpu extra and a GPU backend)")
-    wl = _workload(workload_or_module, example_inputs, name, options)
+    wl = _workload(workload_or_module, example_inputs, name, options, None if target is None else get_target(target))
     out = Path(out) if out is not None else Path("planforge-out") / wl.name
     call = f"planforge.tune({wl.name!r}, budget={budget}, strategy={strategy!r}, seed={seed})"
     return run_tune(wl, strategy=strategy, budget=Budget(evals=budget, seconds=time_budget), seed=seed, keep=keep,
@@ -220,10 +216,11 @@ class Compiled:
     """What ``planforge.compile`` returns: call it like the module. The plan is loaded (or tuned) on first call."""
 
     def __init__(self, module, example_inputs=None, spec: str | os.PathLike | None = None, retune: bool = False,
-                 check_device: bool = True, **tune_kwargs):
+                 check_device: bool = True, target: str | Target | None = None, **tune_kwargs):
         self.module, self.spec_path = module, Path(spec) if spec is not None else None
         self.example_inputs = _as_tuple(example_inputs)
         self.retune, self.check_device, self.tune_kwargs = retune, check_device, tune_kwargs
+        self.target = target
         self.plan: LoadedPlan | None = None
         self.result = None  # the TuneResult, when this object tuned
 
@@ -235,11 +232,12 @@ class Compiled:
         return None
 
     def _tune(self, args) -> None:
-        self.result = tune(self.module, args or None, **self.tune_kwargs)
+        self.result = tune(self.module, args or None, target=self.target, **self.tune_kwargs)
         if not self.result.ok or self.result.spec_path is None:
             raise PlanMismatch(f"tuning {self.result.workload.name} found no valid plan")
         self.spec_path = self.result.spec_path
-        self.plan = load(self.spec_path, self.check_device, graph=self._graph(args) if args else None)
+        self.plan = load(self.spec_path, self.check_device, graph=self._graph(args) if args else None,
+                         target=self.target)
 
     def prepare(self, *args) -> LoadedPlan:
         """Load (or tune) the plan for inputs ``args`` (default: the example inputs) without running it."""
@@ -248,7 +246,8 @@ class Compiled:
             self._tune(args)
             return self.plan
         try:
-            self.plan = load(self.spec_path, self.check_device, graph=self._graph(args) if args else None)
+            self.plan = load(self.spec_path, self.check_device, graph=self._graph(args) if args else None,
+                             target=self.target)
             if args:
                 arrays = [x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else np.asarray(x)
                           for x in args]
@@ -266,7 +265,7 @@ class Compiled:
 
 
 def compile(module, example_inputs=None, spec: str | os.PathLike | None = None, retune: bool = False,
-            check_device: bool = True, **tune_kwargs) -> Compiled:
+            check_device: bool = True, target: str | Target | None = None, **tune_kwargs) -> Compiled:
     """A callable running ``module``'s tuned plan, like ``torch.compile``.
 
     With ``spec``, the plan it describes is loaded on first call (weights from
@@ -274,5 +273,7 @@ def compile(module, example_inputs=None, spec: str | os.PathLike | None = None, 
     dtypes) or this machine is refused with ``PlanMismatch``, or re-tuned when
     ``retune=True``. Without ``spec``, the first call tunes (``tune_kwargs``
     go to ``planforge.tune``: budget, strategy, out...) at the shapes of
-    ``example_inputs``, or of the first call's inputs when none are given."""
-    return Compiled(module, example_inputs, spec, retune, check_device, **tune_kwargs)
+    ``example_inputs``, or of the first call's inputs when none are given.
+    ``target`` (a name or a ``Target``; default None: the CPU, or the spec's
+    target) tunes and runs the plan there."""
+    return Compiled(module, example_inputs, spec, retune, check_device, target, **tune_kwargs)

@@ -99,6 +99,9 @@ def tune(
                                                                    "measurements to (default 1)."),
     no_funnel: bool = typer.Option(False, "--no-funnel", help="Skip the L0 funnel (capacity, roofline bound, "
                                                               "cost-model top-k): search the whole valid space."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Where to tune: cpu, table or replay (default: "
+                                                                      "the workload's own, cpu for kernels and "
+                                                                      "models, table for the drill)."),
 ) -> None:
     """Search a workload's plan space, validate the finalists and write a tuning spec."""
     from .report import print_summary, summary_json
@@ -107,13 +110,13 @@ def tune(
     from .spec import RecordsError, SpecError
     from .targets.cpu.build import CompilerMissing
     from .measure.executor import ExecutorError
-    from .tune import tune as run_tune
+    from .tuning import tune as run_tune
     from .workloads import WorkloadError, load_workload
 
     try:
         opts = _pairs(option, "--option")
         opts.update({k: v for k, v in (("shape", shape), ("epilogue", epilogue)) if v is not None})
-        wl = load_workload(workload, opts)
+        wl = load_workload(workload, opts, target)
         b = Budget(evals=budget, seconds=time_budget)
     except (WorkloadError, RestrictionError, SpaceError, ValueError, CompilerMissing) as e:
         _fail(str(e))
@@ -213,24 +216,31 @@ def probe(
     quick: bool = typer.Option(False, "--quick", help="Short runs (about a second): noisier numbers, for tests and "
                                                       "smoke checks. A cached full profile is still used."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON, nothing else."),
+    target: str = typer.Option("cpu", "--target", "-t", help="The target whose device to measure (default cpu)."),
 ) -> None:
     """Measure this machine (peak FLOP/s, bandwidth per memory level, call overhead) and cache the profile."""
     import warnings
 
-    from .targets.cpu.probe import LEVELS, ProbeError, get_profile
-    from .targets.cpu.build import BuildError, CompilerMissing
+    from .targets import TargetError, get_target
+    from .targets.target import LEVELS
+    from .targets.cpu.probe import ProbeError
+    from .targets.cpu.build import BuildError, CompilerMissing, IsaError
 
+    try:
+        tgt = get_target(target)
+    except TargetError as e:
+        _fail(str(e))
     status = err_console.status("probing", spinner="dots")
-    error = None
+    error, prof = None, None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             if as_json:
-                prof = get_profile(force=force, quick=quick)
+                prof = tgt.profile(force=force, quick=quick)
             else:
                 with status:
-                    prof = get_profile(force=force, quick=quick, progress=lambda m: status.update(f"probing: {m}"))
-        except (CompilerMissing, ProbeError) as e:
+                    prof = tgt.profile(force=force, quick=quick, progress=lambda m: status.update(f"probing: {m}"))
+        except (CompilerMissing, ProbeError, IsaError) as e:
             error = str(e)
         except BuildError as e:
             error = f"{e}\n{e.log}" if e.log else str(e)
@@ -238,47 +248,31 @@ def probe(
         err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
     if error:
         _fail(error)
+    if prof is None:
+        _fail(f"target {tgt.name!r} has no device of its own to probe: " + "; ".join(v for _, v in tgt.facts(None)))
     if as_json:
         print(prof.to_json(), end="")
         return
 
-    def size(n: float) -> str:
-        for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if n >= scale:
-                return f"{n / scale:.3g} {unit}"
-        return f"{n:.0f} B"
-
-    facts = Table(show_header=False, title=f"device {prof.fingerprint}", title_justify="left")
+    facts = Table(show_header=False, title=f"device {tgt.fingerprint}", title_justify="left")
     facts.add_column(style="bold")
     facts.add_column()
-    clock = f", reported clock {prof.nominal_clock_hz / 1e9:.2f} GHz" if prof.nominal_clock_hz else ""
-    facts.add_row("CPU", f"{prof.cpu_model} ({prof.arch}{clock})")
-    facts.add_row("ISA", f"{' '.join(prof.isa) or '-'}; {prof.vector_lanes_fp32} fp32 lanes")
-    facts.add_row("cores", f"{prof.logical_cores} logical, {prof.physical_cores} physical; all-thread runs use "
-                           f"{prof.threads}")
-    facts.add_row("caches", ", ".join(
-        f"{name} {size(c.bytes)} x{c.instances} " + ("(private)" if c.shared_by == 1 else f"(shared by {c.shared_by})")
-        for name, c in prof.caches.items()) or "unknown")
-    facts.add_row("memory", size(prof.memory_bytes) if prof.memory_bytes else "unknown")
-    widths = ", ".join(f"{b}-bit {v / 1e9:.1f}" for b, v in sorted(prof.peak_flops_1t_by_bits.items(), key=lambda x: -int(x[0])))
-    facts.add_row("peak fp32", f"{prof.peak_flops_1t / 1e9:.1f} GFLOP/s on 1 thread ({widths}), "
-                               f"{prof.peak_flops_all / 1e9:.1f} on {prof.threads}")
-    facts.add_row("call overhead", f"{prof.call_overhead_s * 1e9:.0f} ns per ctypes call")
-    facts.add_row("measured", f"{prof.measured_at} in {prof.probe_seconds:.1f} s{' (quick)' if prof.quick else ''}; "
-                              f"{prof.compiler}{'' if prof.openmp else ', no OpenMP'}")
-    facts.add_row("other load", "unknown" if prof.other_load is None else
-                  f"{prof.other_load:.0%} of all CPUs used by other processes while measuring" +
-                  (": figures may be low" if prof.measured_busy else ""))
+    for label, text in tgt.facts(prof):
+        facts.add_row(label, text)
     out_console.print(facts)
+    ceil = tgt.ceilings()  # the figures the cost model reads, launch overhead included
     bw = Table(title="bandwidth, GB/s", title_justify="left")
-    for col in ("level", f"read ({prof.threads} threads)", f"copy ({prof.threads} threads)", "read (1 thread)",
+    for col in ("level", f"read ({ceil.threads} threads)", f"copy ({ceil.threads} threads)", "read (1 thread)",
                 "copy (1 thread)"):
         bw.add_column(col, justify="right" if col != "level" else "left")
     for level in LEVELS:
-        if level in prof.bandwidth_1t:
-            vals = [prof.bw(level, k, all_threads=a) for a in (True, False) for k in ("read", "copy")]
+        if level in ceil.bw:
+            vals = [ceil.bw[level][k][1 if a else 0] for a in (True, False) for k in ("read", "copy")]
             bw.add_row(level, *(f"{v / 1e9:.1f}" if v else "-" for v in vals))
     out_console.print(bw)
+    if ceil.threads > 1:
+        out_console.print(f"launch overhead: {ceil.launch_s * 1e6:.1f} us per start and join of {ceil.threads} "
+                          "threads (what the cost model adds to a parallel kernel)", highlight=False)
     for note in prof.notes:
         err_console.print(f"[yellow]note:[/] {note}", highlight=False)
 

@@ -1,18 +1,19 @@
-"""Built-in workloads, by name. ``load_workload(name, options)`` builds one."""
+"""Built-in workloads, by name. ``load_workload(name, options, target)`` builds one."""
 from __future__ import annotations
 
 import inspect
 from typing import Any, Callable
 
-from .base import Manifest, Task, Workload
+from ..targets import Target
+from .base import Manifest, Task, Workload, WorkloadError
 from .drill import drill
 from .kernels import eltwise, gemm, gemv, layernorm, softmax
 from .models import file_workload, zoo_workload
 
 
 def _zoo(name: str) -> Callable[..., Workload]:
-    def build(memory_budget_mb: float = 1024.0, seed: int = 0) -> Workload:
-        return zoo_workload(name, memory_budget_mb=memory_budget_mb, seed=seed)
+    def build(memory_budget_mb: float = 1024.0, seed: int = 0, target: str | Target = "cpu") -> Workload:
+        return zoo_workload(name, memory_budget_mb=memory_budget_mb, seed=seed, target=target)
 
     build.__doc__ = f"The zoo model {name!r}, tuned as a whole plan."
     return build
@@ -24,10 +25,8 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
 }
 DEFAULT_WORKLOAD = "policy-mlp"
 MODEL_SUFFIXES = (".onnx", ".pt2")
-
-
-class WorkloadError(ValueError):
-    """An unknown workload or a bad workload option."""
+# every builder takes ``target`` as a keyword; it is not a workload option (``--target`` sets it)
+TARGET_PARAM = "target"
 
 
 def _convert(name: str, value: Any, annotation: Any, default: Any) -> Any:
@@ -45,27 +44,41 @@ def _convert(name: str, value: Any, annotation: Any, default: Any) -> Any:
     return value
 
 
-def load_workload(name: str, options: dict[str, Any] | None = None) -> Workload:
-    """Build the built-in workload ``name`` with ``options`` (strings are converted to the option's type)."""
+def load_workload(name: str, options: dict[str, Any] | None = None, target: str | Target | None = None) -> Workload:
+    """Build the built-in workload (or model file) ``name``.
+
+    Parameters:
+        name: a key of ``WORKLOADS`` or a model file path (.onnx, .pt2).
+        options: workload options (strings are converted to the option's type; default none).
+        target: a target name or a ``Target`` to tune on (default None: the workload's own,
+            "cpu" for kernels and models, "table" for the drill).
+    Raises ``WorkloadError`` for an unknown workload, option or target, or one the workload cannot
+    run on."""
     if name not in WORKLOADS and name.lower().endswith(MODEL_SUFFIXES):
-        def build(memory_budget_mb: float = 1024.0, seed: int = 0, input_shapes: str = "") -> Workload:
-            return file_workload(name, memory_budget_mb, seed, input_shapes)
+        def build(memory_budget_mb: float = 1024.0, seed: int = 0, input_shapes: str = "",
+                  target: str | Target = "cpu") -> Workload:
+            return file_workload(name, memory_budget_mb, seed, input_shapes, target)
     elif name not in WORKLOADS:
         raise WorkloadError(f"unknown workload {name!r}; built-in workloads: {', '.join(sorted(WORKLOADS))}, "
                             f"or a model file ({', '.join(MODEL_SUFFIXES)})")
     else:
         build = WORKLOADS[name]
-    params = inspect.signature(build).parameters
+    params = {k: p for k, p in inspect.signature(build).parameters.items() if k != TARGET_PARAM}
     kwargs = {}
     for k, v in (options or {}).items():
+        if k == TARGET_PARAM:
+            raise WorkloadError("the target is not a workload option: pass it as --target (target=... in Python)")
         if k not in params:
             known = ", ".join(params) or "none"
             raise WorkloadError(f"workload {name!r} has no option {k!r}; its options: {known}")
         kwargs[k] = _convert(k, v, params[k].annotation, params[k].default)
+    if target is not None:
+        kwargs[TARGET_PARAM] = target
     try:
         return build(**kwargs)
-    except (ValueError, OSError) as e:  # ProblemError, GraphError, a missing file...
+    except (ValueError, OSError) as e:  # ProblemError, GraphError, TargetError, a missing file...
         raise WorkloadError(f"workload {name!r}: {e}") from None
 
 
-__all__ = ["DEFAULT_WORKLOAD", "Manifest", "Task", "WORKLOADS", "Workload", "WorkloadError", "load_workload"]
+__all__ = ["DEFAULT_WORKLOAD", "Manifest", "TARGET_PARAM", "Task", "WORKLOADS", "Workload", "WorkloadError",
+           "load_workload"]

@@ -7,6 +7,10 @@ from typing import Any, Callable, Sequence
 from ..space import Candidate, Space, fingerprint_of
 
 
+class WorkloadError(ValueError):
+    """An unknown workload, a bad workload option, or a target the workload cannot run on."""
+
+
 @dataclass(frozen=True)
 class Manifest:
     """Identifies a workload exactly: id, concrete shapes, dtypes and options."""

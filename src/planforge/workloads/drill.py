@@ -10,11 +10,12 @@ from __future__ import annotations
 import csv
 from importlib import resources
 
-from ..targets.table import TableBackend
 from ..costmodel import TableProxy
 from ..space import Candidate, Space, gene
+from ..targets import Target, get_target
+from ..targets.table.target import TableTarget
 from ..validate import AccumulationCheck, MemoryBudget
-from .base import Manifest, Task, Workload
+from .base import Manifest, Task, Workload, WorkloadError
 
 M, K, N = 64, 256, 256
 GENES = {
@@ -42,8 +43,14 @@ def read_table() -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def drill(delay_s: float = 0.0) -> Workload:
-    """Build the drill workload. ``delay_s`` makes each lookup sleep (tests use it to interrupt a run)."""
+def drill(delay_s: float = 0.0, target: str | Target = "table") -> Workload:
+    """Build the drill workload. ``delay_s`` makes each lookup sleep (tests use it to interrupt a run).
+
+    ``target``: the drill's times are a table, so it runs on the ``table`` target (the default) only."""
+    target = get_target(target)
+    if not isinstance(target, TableTarget):
+        raise WorkloadError(f"the drill runs on the 'table' target only (its times are a fixed table), "
+                            f"not on {target.name!r}")
     space = Space([gene(name, choices) for name, choices in GENES.items()])
     measured, proxy = {}, {}
     for row in read_table():
@@ -55,7 +62,7 @@ def drill(delay_s: float = 0.0) -> Workload:
     task = Task(
         key="mlp_layer",
         space=space,
-        backend=TableBackend(measured, label="drill", delay_s=delay_s),
+        backend=target.table_backend(measured, label="drill", delay_s=delay_s),
         cost_model=TableProxy(proxy, name="drill proxy"),
         validators=(AccumulationCheck(k=K, rtol=OUTPUT_RTOL), MemoryBudget(MEMORY_BUDGET, peak_bytes)),
         peak_bytes=peak_bytes,

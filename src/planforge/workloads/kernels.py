@@ -1,4 +1,4 @@
-"""Single-kernel workloads on the CPU: gemm (gemv at M = 1), softmax, layernorm, eltwise.
+"""Single-kernel workloads: gemm (gemv at M = 1), softmax, layernorm, eltwise, on a target (default the CPU).
 
 ``planforge tune --workload gemm --shape M,N,K --epilogue bias_relu`` tunes the
 GEMM template's knobs for that shape on this machine, measures numpy (and
@@ -7,10 +7,9 @@ the best library when the tuned kernel is not within 95% of it.
 """
 from __future__ import annotations
 
-from ..targets.cpu.kernel import CpuBackend
 from ..costmodel.analytic import AnalyticModel
-from ..targets.cpu.templates import Problem, ProblemError, TEMPLATES, limits, make_inputs
-from .base import Manifest, Task, Workload
+from ..targets import Target, get_target
+from .base import Manifest, Task, Workload, WorkloadError
 
 
 def _dims(shape: str, n: int, what: str) -> tuple[int, ...]:
@@ -19,56 +18,66 @@ def _dims(shape: str, n: int, what: str) -> tuple[int, ...]:
     except ValueError:
         dims = ()
     if len(dims) != n or min(dims) < 1:
-        raise ProblemError(f"--shape {shape!r}: expected {n} positive integers ({what})")
+        raise WorkloadError(f"--shape {shape!r}: expected {n} positive integers ({what})")
     return dims
 
 
-def kernel_workload(problem: Problem, seed: int = 0, profile=None) -> Workload:
-    """A one-task workload measuring ``problem`` on this machine's CPU."""
-    if profile is None:
-        import os
+def kernel_workload(problem, seed: int = 0, target: str | Target = "cpu") -> Workload:
+    """A one-task workload measuring ``problem`` (from ``target.problem(op, dims, epilogue)``).
 
-        from ..targets.cpu.probe import get_profile
-
-        # PLANFORGE_PROBE=quick accepts (or measures) a quick profile: for tests and CI
-        profile = get_profile(quick=os.environ.get("PLANFORGE_PROBE", "") == "quick")
-    lim = limits(profile)
-    template = TEMPLATES[problem.op]
-    space = template.space(problem, lim)
-    backend = CpuBackend(problem, template, profile, seed=seed)
+    Parameters:
+        problem: the kernel problem, one of ``target``'s templates.
+        seed: seeds the inputs (default 0).
+        target: a target name or a ``Target`` (default "cpu": this machine, its profile quick
+            when ``PLANFORGE_PROBE=quick``).
+    """
+    target = get_target(target)
+    space = target.knob_space(problem)
+    backend = target.kernel_backend(problem, seed=seed)
+    ceilings = target.ceilings()
     task = Task(
         key=f"{problem.op}_{'x'.join(map(str, problem.dims))}_{problem.epilogue}",
         space=space,
         backend=backend,
         # the roofline model: the L0 funnel, the learned model's features, the proxy diagnostics
-        cost_model=AnalyticModel.for_problem(problem, space, profile, cold=backend.timing.flush_bytes > 0),
+        cost_model=None if ceilings is None else AnalyticModel.for_problem(
+            problem, space, target, cold=target.cold),
     )
-    shapes = {k: list(v.shape) for k, v in make_inputs(problem, seed, shapes_only=True).items()}
+    shapes = target.input_shapes(problem)
     manifest = Manifest(problem.op, shapes=shapes, dtypes={k: "fp32" for k in shapes},
                         options={"dims": list(problem.dims), "epilogue": problem.epilogue, "seed": seed})
-    return Workload(manifest, [task], description=f"{problem.op} {problem.dims} {problem.epilogue} on the CPU")
+    return Workload(manifest, [task], description=f"{problem.op} {problem.dims} {problem.epilogue} on the "
+                                                  f"{target.name} target")
 
 
-def gemm(shape: str = "64,256,256", epilogue: str = "bias_relu", seed: int = 0) -> Workload:
+def gemm(shape: str = "64,256,256", epilogue: str = "bias_relu", seed: int = 0, target: str | Target = "cpu") -> Workload:
     """C = act(A @ B + bias) with A: [M, K], B: [K, N]; M = 1 takes the GEMV template."""
+    t = get_target(target)
     M, N, K = _dims(shape, 3, "M,N,K")
-    p = Problem("gemv", (N, K), epilogue) if M == 1 else Problem("gemm", (M, N, K), epilogue)
-    return kernel_workload(p, seed)
+    p = t.problem("gemv", (N, K), epilogue) if M == 1 else t.problem("gemm", (M, N, K), epilogue)
+    return kernel_workload(p, seed, t)
 
 
-def gemv(shape: str = "256,256", epilogue: str = "bias_relu", seed: int = 0) -> Workload:
+def gemv(shape: str = "256,256", epilogue: str = "bias_relu", seed: int = 0, target: str | Target = "cpu") -> Workload:
     """y = act(x @ W + bias) with x: [K], W: [K, N]."""
-    return kernel_workload(Problem("gemv", _dims(shape, 2, "N,K"), epilogue), seed)
+    t = get_target(target)
+    return kernel_workload(t.problem("gemv", _dims(shape, 2, "N,K"), epilogue), seed, t)
 
 
-def softmax(shape: str = "32,256", seed: int = 0) -> Workload:
-    return kernel_workload(Problem("softmax", _dims(shape, 2, "rows,cols")), seed)
+def softmax(shape: str = "32,256", seed: int = 0, target: str | Target = "cpu") -> Workload:
+    """Row-wise softmax of an [rows, cols] matrix."""
+    t = get_target(target)
+    return kernel_workload(t.problem("softmax", _dims(shape, 2, "rows,cols")), seed, t)
 
 
-def layernorm(shape: str = "32,256", seed: int = 0) -> Workload:
-    return kernel_workload(Problem("layernorm", _dims(shape, 2, "rows,cols")), seed)
+def layernorm(shape: str = "32,256", seed: int = 0, target: str | Target = "cpu") -> Workload:
+    """Row-wise layer normalisation of an [rows, cols] matrix (gamma, beta)."""
+    t = get_target(target)
+    return kernel_workload(t.problem("layernorm", _dims(shape, 2, "rows,cols")), seed, t)
 
 
-def eltwise(shape: str = "64,1024", epilogue: str = "bias_gelu", seed: int = 0) -> Workload:
+def eltwise(shape: str = "64,1024", epilogue: str = "bias_gelu", seed: int = 0,
+            target: str | Target = "cpu") -> Workload:
     """An elementwise chain (steps among bias, relu, gelu, add, joined by '_')."""
-    return kernel_workload(Problem("eltwise", _dims(shape, 2, "rows,cols"), epilogue), seed)
+    t = get_target(target)
+    return kernel_workload(t.problem("eltwise", _dims(shape, 2, "rows,cols"), epilogue), seed, t)

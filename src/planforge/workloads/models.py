@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import os
 import time
-from functools import partial
 from typing import Any
 
-from ..targets.cpu.graph import GraphBackend
-from ..targets.cpu.plan import peak_bytes_of
 from ..ir import ZOO, Graph
-from ..targets.cpu.templates import default_knobs, knob_space, limits
 from ..rewrite import Limits, saturate
 from ..rewrite.analysis import analyse, estimate
 from ..rewrite.extract import greedy, ilp, prune_memory, usable
 from ..space.genome import Genome
+from ..targets import Target, get_target
 from ..validate import MemoryBudget
 from .base import Manifest, Task, Workload
 
@@ -36,12 +33,20 @@ def _rulesets(graph: Graph) -> list[str]:
 
 
 def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = None, memory_budget_mb: float = 1024,
-                   seed: int = 0, node_limit: int = 20_000, profile=None) -> Workload:
-    if profile is None:
-        from ..targets.cpu.probe import get_profile
+                   seed: int = 0, node_limit: int = 20_000, target: str | Target = "cpu") -> Workload:
+    """A one-task workload: the whole plan of ``graph`` (its rewrites, implementations and knobs).
 
-        profile = get_profile(quick=os.environ.get("PLANFORGE_PROBE", "") == "quick")
-    lim = limits(profile)
+    Parameters:
+        graph: the program, with concrete shapes and weights.
+        name: the workload's name in its manifest.
+        options: what built it, recorded in the manifest (default none).
+        memory_budget_mb: plans whose peak memory exceeds this are pruned or rejected (default 1024).
+        seed: seeds the plan backend's inputs (default 0).
+        node_limit: e-graph size at which saturation stops (default 20 000).
+        target: a target name or a ``Target`` (default "cpu"): its templates, profile and plan backend.
+    """
+    target = get_target(target)
+    profile = target.profile()
     budget = int(memory_budget_mb * 2**20)
     t0 = time.perf_counter()
     eg = saturate(graph, _rulesets(graph), Limits(nodes=node_limit))
@@ -59,20 +64,20 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     t3 = time.perf_counter()
     def ranker(problem, space):
         """The analytic roofline model of a kernel node ranks its knob settings (fused MLPs have none)."""
-        if isinstance(problem, tuple):
+        from ..costmodel.analytic import AnalyticModel, has_model
+
+        if not has_model(problem.op) or target.ceilings() is None:
             return None
-        from ..costmodel.analytic import AnalyticModel
+        return AnalyticModel.for_problem(problem, space, target).predict
 
-        return AnalyticModel.for_problem(problem, space, profile).predict
-
-    genome = Genome.build(eg, a, allowed, g_choice, knob_space=partial(knob_space, lim=lim),
-                          defaults=partial(default_knobs, lim=lim), ranker=ranker)
+    genome = Genome.build(eg, a, allowed, g_choice, knob_space=target.knob_space, defaults=target.default_knobs,
+                          ranker=ranker)
     seeds = [genome.candidate_of(i_choice), genome.candidate_of(g_choice)]
 
     def peak(c) -> int:
-        return peak_bytes_of(genome.program(c.as_dict()), graph)
+        return target.peak_bytes(graph, genome.program(c.as_dict()))
 
-    task = Task(key="graph", space=genome.space, backend=GraphBackend(graph, genome, profile, seed=seed),
+    task = Task(key="graph", space=genome.space, backend=target.graph_backend(graph, genome, seed=seed),
                 validators=(MemoryBudget(budget, peak),), peak_bytes=peak)
     task.seeds = seeds
     task.info = {**genome.describe(), "pruned_by_memory": len(pruned), "saturation_s": t1 - t0,
@@ -84,8 +89,9 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
                                                    f"{graph.param_bytes() / 1e6:.2f} MB of weights")
 
 
-def zoo_workload(name: str, memory_budget_mb: float = 1024, seed: int = 0) -> Workload:
-    return graph_workload(ZOO[name](), name, memory_budget_mb=memory_budget_mb, seed=seed)
+def zoo_workload(name: str, memory_budget_mb: float = 1024, seed: int = 0, target: str | Target = "cpu") -> Workload:
+    """The zoo model ``name`` as a graph workload (see ``graph_workload`` for the rest)."""
+    return graph_workload(ZOO[name](), name, memory_budget_mb=memory_budget_mb, seed=seed, target=target)
 
 
 def parse_shapes(text: str) -> dict[str, tuple[int, ...]] | None:
@@ -104,11 +110,12 @@ def parse_shapes(text: str) -> dict[str, tuple[int, ...]] | None:
     return out
 
 
-def file_workload(path: str, memory_budget_mb: float = 1024, seed: int = 0, input_shapes: str = "") -> Workload:
+def file_workload(path: str, memory_budget_mb: float = 1024, seed: int = 0, input_shapes: str = "",
+                  target: str | Target = "cpu") -> Workload:
     """A model file (.onnx, .pt2); ``input_shapes`` fixes dynamic sizes, e.g. ``x=1x256``."""
     from ..ir import load_model
 
     shapes = parse_shapes(input_shapes)
     g = load_model(path, input_shapes=shapes)
     opts = {"file": os.path.abspath(path), **({"input_shapes": input_shapes} if shapes else {})}
-    return graph_workload(g, os.path.abspath(path), opts, memory_budget_mb=memory_budget_mb, seed=seed)
+    return graph_workload(g, os.path.abspath(path), opts, memory_budget_mb=memory_budget_mb, seed=seed, target=target)
