@@ -86,10 +86,11 @@ def rank(seeds: int, train: int) -> list[dict]:
 
 
 def cpu_samples():
-    """The CPU samples of bench/funnel.py as (label, funnel-screened space, table backend, optimum, model)."""
+    """The CPU samples of bench/funnel.py as (label, funnel-screened space, table backend, optimum, model,
+    whole sample, its table backend, the funnel's screen)."""
     from planforge.targets.cpu.probe import get_profile
     from planforge.costmodel.analytic import AnalyticModel
-    from planforge.costmodel.funnel import Funnel, Screened, Subspace
+    from planforge.costmodel.funnel import Funnel, Subspace
     from planforge.targets.cpu.templates import TEMPLATES, Problem, limits
 
     prof = get_profile()
@@ -104,8 +105,8 @@ def cpu_samples():
         model = AnalyticModel.for_problem(p, sample, prof)
         screen = Funnel(model, top_k=0.1).screen(sample)
         table = {c.fingerprint: m for c, m in pts}
-        yield (f"cpu/{path.stem.split('-', 1)[1]}", screen.space, Screened(TableBackend(table), screen),
-               min(table.values()), model, sample, TableBackend(table))
+        yield (f"cpu/{path.stem.split('-', 1)[1]}", screen.space, TableBackend(table),
+               min(table.values()), model, sample, TableBackend(table), screen)
 
 
 def evals_to_within(trials, optimum: float, budget: int) -> int:
@@ -113,10 +114,10 @@ def evals_to_within(trials, optimum: float, budget: int) -> int:
     return next((t.n for t in trials if t.n and t.outcome.ok and t.outcome.metric <= bound), budget + 1)
 
 
-def one(space, backend, strategy, seed, budget, optimum, cost_model=None) -> tuple[int, float]:
+def one(space, backend, strategy, seed, budget, optimum, cost_model=None, screen=None) -> tuple[int, float]:
     t0 = time.perf_counter()
     strat = make_strategy(strategy, space, seed, budget=budget, cost_model=cost_model)
-    res = search(space, strat, backend, Budget(evals=budget))
+    res = search(space, strat, backend, Budget(evals=budget), screen=screen)
     return evals_to_within(res.trials, optimum, budget), time.perf_counter() - t0
 
 
@@ -124,16 +125,17 @@ def search_bench(budget: int, seeds: int, strategies: list[str], which: str) -> 
     out = []
     spaces = []
     if which in ("all", "recorded"):
-        spaces += [(label, space, backend, opt, None) for label, space, backend, opt, _ in recorded()]
+        spaces += [(label, space, backend, opt, None, None) for label, space, backend, opt, _ in recorded()]
     if which in ("all", "cpu"):
-        for label, screened, sbackend, opt, model, sample, table in cpu_samples():
+        for label, screened, sbackend, opt, model, sample, table, screen in cpu_samples():
             # through the funnel (what `planforge tune` does), and on the whole sample without it
-            spaces.append((label + " (funnel)", screened, sbackend, opt, model))
-            spaces.append((label + " (no funnel)", sample, table, opt, model))
-    for label, space, backend, opt, model in spaces:
+            spaces.append((label + " (funnel)", screened, sbackend, opt, model, screen))
+            spaces.append((label + " (no funnel)", sample, table, opt, model, None))
+    for label, space, backend, opt, model, screen in spaces:
         row = {"space": label, "points": len(space.valid_ints()), "budget": budget, "seeds": seeds}
         for s in strategies:
-            runs = [one(space, backend, s, seed, budget, opt, model if s == "model" else None) for seed in range(seeds)]
+            runs = [one(space, backend, s, seed, budget, opt, model if s == "model" else None, screen)
+                    for seed in range(seeds)]
             ev = sorted(r[0] for r in runs)
             row[s] = {"median": statistics.median(ev), "p90": float(np.percentile(ev, 90)),
                       "reached": sum(e <= budget for e in ev) / len(ev), "seconds_per_run": statistics.mean(

@@ -23,7 +23,7 @@ import time
 from planforge.targets.cpu.probe import get_profile
 from planforge.targets.cpu.templates import flops, min_bytes
 from planforge.search import Budget
-from planforge.tune import tune
+from planforge.tuning import tune
 from planforge.workloads import load_workload
 
 SHAPES = [(m, nk, nk) for m in (1, 8, 64, 256) for nk in (256, 512, 1024)]

@@ -28,7 +28,7 @@ from planforge.targets.cpu.probe import get_profile
 from planforge.targets.cpu.templates import Problem
 from planforge.outcome import Outcome
 from planforge.search import Budget, make_strategy, search
-from planforge.search.asyncloop import search_on
+from planforge.search import search_on
 from planforge.spec import Records
 from planforge.workloads.kernels import kernel_workload
 

@@ -27,7 +27,7 @@ from planforge.targets.cpu.graph import numpy_forward
 from planforge.ir import ZOO, Graph
 from planforge.measure import TimingConfig, time_fn
 from planforge.search import Budget
-from planforge.tune import tune
+from planforge.tuning import tune
 from planforge.workloads import load_workload
 
 

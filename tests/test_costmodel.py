@@ -10,7 +10,7 @@ from planforge.targets.table import TableBackend
 from planforge.costmodel import spearman, top_k_recall
 from planforge.costmodel.analytic import AnalyticModel, Ceilings
 from planforge.costmodel.columns import index_columns, ravel, valid_points
-from planforge.costmodel.funnel import Funnel, Screened, Subspace, pruned_fraction
+from planforge.costmodel.funnel import Funnel, Subspace, pruned_fraction
 from planforge.costmodel.learned import LearnedRanker, grades
 from planforge.targets.cpu.templates import TEMPLATES, Problem, flops
 from planforge.search import Budget, STRATEGIES, make_strategy, search
@@ -163,7 +163,8 @@ def test_funnel_keeps_the_exhaustive_best_where_the_assumptions_hold(op, dims):
     assert all(b <= table[c.fingerprint] for c, b in zip(cands, m.lower_bound(cands)))
     screen = Funnel(m, top_k=0.1, margin=0.0).screen(space)
     assert screen.counts["restrictions"] == len(cands) and screen.counts["top-k"] <= math.ceil(0.1 * len(cands))
-    res = _tuned(screen.space, "exhaustive", Screened(backend, screen), len(cands))
+    res = search(screen.space, make_strategy("exhaustive", screen.space, 0, budget=len(cands)), backend,
+                 Budget(evals=len(cands)), keep=4, screen=screen)
     assert res.ranked.best.candidate.fingerprint == best.candidate.fingerprint
     assert res.ranked.best.metric == best.metric
     stages = screen.stages(res.evaluations, res.ranked.best.metric)
@@ -308,7 +309,7 @@ def test_tune_reports_the_funnel_and_the_bound_and_warm_starts(tmp_path):
     from planforge.measure import TimingConfig
     from planforge.report import summary_json
     from planforge.spec import load_spec
-    from planforge.tune import tune
+    from planforge.tuning import tune
     from planforge.workloads import load_workload
 
     fast = TimingConfig(warmup_s=0.001, budget_s=0.005, min_repeats=3, max_repeats=5)
@@ -343,7 +344,7 @@ def test_tune_reports_the_funnel_and_the_bound_and_warm_starts(tmp_path):
 
 def test_without_the_funnel_the_whole_valid_space_is_searched(tmp_path):
     from planforge.measure import TimingConfig
-    from planforge.tune import tune
+    from planforge.tuning import tune
     from planforge.workloads import load_workload
 
     res = {}

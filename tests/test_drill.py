@@ -6,7 +6,7 @@ import pytest
 
 from planforge.costmodel import break_even_runs, spearman, top_k
 from planforge.search import Budget, NoValidFinalist, make_strategy, search, walk_finalists
-from planforge.tune import tune
+from planforge.tuning import tune
 from planforge.workloads import load_workload
 from planforge.workloads.drill import GENES
 

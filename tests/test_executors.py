@@ -13,10 +13,10 @@ from planforge.targets.table.table import TableBackend
 from planforge.measure.executor import CoreClaim, ExecutorError, LocalExecutor, core_sets, make_executor
 from planforge.outcome import Outcome
 from planforge.search import Budget, make_strategy, search
-from planforge.search.asyncloop import search_async
+from planforge.search import search_async
 from planforge.spec import Records, spec_filename
 from planforge.spec.records import merge_records
-from planforge.tune import tune
+from planforge.tuning import tune
 from planforge.workloads import load_workload
 
 
@@ -103,10 +103,11 @@ def test_core_sets_and_claims_never_share_a_core(tmp_path):
 
 def test_cpu_slots_pin_their_workers_to_distinct_cores(tmp_path, monkeypatch, profile):
     from planforge.workloads.kernels import kernel_workload
+    from planforge.targets.cpu.target import CpuTarget
     from planforge.targets.cpu.templates import Problem
 
     monkeypatch.setenv("PLANFORGE_CORE_LOCKS", str(tmp_path))
-    task = kernel_workload(Problem("gemv", (32, 32), "none"), profile=profile).tasks[0]
+    task = kernel_workload(Problem("gemv", (32, 32), "none"), target=CpuTarget(profile)).tasks[0]
     n = len(core_sets(1))
     ex = LocalExecutor(task.backend, workers=n)
     try:
@@ -327,12 +328,13 @@ def test_heterogeneous_run_resumes_per_fingerprint(tmp_path):
 
 
 def test_builds_run_outside_the_measuring_slots(tmp_path, monkeypatch, profile):
+    from planforge.targets.cpu.target import CpuTarget
     from planforge.targets.cpu.templates import Problem
     from planforge.workloads.kernels import kernel_workload
 
     monkeypatch.setenv("PLANFORGE_CORE_LOCKS", str(tmp_path))
     monkeypatch.setenv("PLANFORGE_CACHE", str(tmp_path / "cache"))  # every candidate compiled
-    task = kernel_workload(Problem("gemm", (8, 16, 16), "bias_relu"), profile=profile).tasks[0]
+    task = kernel_workload(Problem("gemm", (8, 16, 16), "bias_relu"), target=CpuTarget(profile)).tasks[0]
     ex = LocalExecutor(task.backend, workers=2)
     try:
         assert ex.free_by_target() == {task.backend.fingerprint: 4}  # two slots, two more building meanwhile

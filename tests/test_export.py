@@ -9,7 +9,7 @@ from planforge.outcome import Outcome
 from planforge.search import Budget
 from planforge.spec import Records
 from planforge.spec.export import ExportError, export_records
-from planforge.tune import tune
+from planforge.tuning import tune
 from planforge.workloads import load_workload
 
 OUTCOMES = {

@@ -5,7 +5,7 @@ import pytest
 from planforge.outcome import Outcome
 from planforge.search import Budget
 from planforge.spec import Records, RecordsError
-from planforge.tune import tune
+from planforge.tuning import tune
 from planforge.workloads import load_workload
 
 

@@ -13,7 +13,7 @@ from planforge.report.run import RunError, load_run
 from planforge.search import Budget
 from planforge.spec.diff import diff_specs
 from planforge.spec import load_spec
-from planforge.tune import tune
+from planforge.tuning import tune
 from planforge.workloads import load_workload
 
 EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", re.I)

@@ -12,7 +12,7 @@ from planforge.targets.cpu.kernel import CpuBackend
 from planforge.targets.cpu.templates import Problem
 from planforge.measure import AdaptiveTimeout, TimingConfig
 from planforge.search import Budget, make_strategy
-from planforge.search.asyncloop import search_async
+from planforge.search import search_async
 from planforge.spec import Records
 from planforge.workloads import Manifest, Task, Workload
 

@@ -6,7 +6,7 @@ import sys
 
 from planforge.measure.executor import LocalExecutor
 from planforge.search import Budget
-from planforge.tune import tune
+from planforge.tuning import tune
 
 from .faultkit import EXPECTED, categories, fault_workload, lost, report, rows, run_with_kills
 

@@ -7,7 +7,7 @@ import sys
 import time
 
 from planforge.search import Budget
-from planforge.tune import tune
+from planforge.tuning import tune
 from planforge.workloads import load_workload
 
 from .faultkit import EXPECTED, categories, fault_workload, lost, report, rows, run_with_kills

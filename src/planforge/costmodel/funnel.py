@@ -11,22 +11,48 @@ bound is already slower than the best measured so far (the roofline stage).
 ``Screen.stages`` reports the counts, from the whole space down to what was
 measured; the roofline count is taken against the final incumbent.
 
-A task without an analytic model (``lower_bound`` and ``evaluate``) still has a
-funnel: space -> restrictions -> measured.
+A task without an analytic model (``Analytic``: ``evaluate``, ``lower_bound``...)
+still has a funnel: space -> restrictions -> measured.
+
+The roofline stage runs in the one tuning loop (``planforge.search.loop``):
+the loop hands every new proposal to ``Screen.admit`` before any executor
+measures it, whichever executor that is (one slot, local workers, Ray).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ..outcome import Outcome
 from ..space import Candidate, Space
 from .columns import index_columns, ravel, valid_points
 
 DEFAULT_TOP_K = 0.1
+
+
+@runtime_checkable
+class Analytic(Protocol):
+    """An analytic cost model (``costmodel.analytic.AnalyticModel`` is one): a
+    ``CostModel`` that also scores whole columns of knob values at once
+    (``evaluate``, for the funnel), gives each candidate's ``estimate`` and
+    ``lower_bound`` (seconds no run can beat: the roofline stage and the
+    spec's bound), and turns an estimate into feature rows (``features_of``,
+    for learned models). A task's cost model that is not one (a recorded
+    proxy) takes no part in the funnel's capacity, roofline and top-k stages."""
+
+    name: str
+
+    def predict(self, candidates: Sequence[Candidate]) -> list[float]: ...
+
+    def evaluate(self, cols: Mapping[str, np.ndarray]) -> Any: ...
+
+    def estimate(self, candidates: Sequence[Candidate]) -> Any: ...
+
+    def lower_bound(self, candidates: Sequence[Candidate]) -> list[float]: ...
+
+    def features_of(self, e: Any) -> np.ndarray: ...
 
 
 class Subspace(Space):
@@ -80,7 +106,7 @@ class Screen:
 
     space: Space
     counts: dict[str, int]
-    model: Any = None
+    model: Analytic | None = None
     bounds: dict[str, float] = field(default_factory=dict)
     fit_bounds: np.ndarray | None = None
     kept_bounds: np.ndarray | None = None
@@ -118,35 +144,6 @@ class Screen:
         return out
 
 
-class Screened:
-    """``backend`` behind the roofline stage of ``screen``: a proposal whose lower
-    bound is slower than the best measured so far is refused (a ``rejected``
-    outcome, never measured, not an evaluation); everything else is measured by
-    ``backend``. ``best`` starts at the best of an interrupted run's outcomes."""
-
-    def __init__(self, backend, screen: Screen, best: float | None = None):
-        self.inner, self.screen, self.best = backend, screen, best
-        self.name, self.fingerprint = backend.name, backend.fingerprint
-
-    def describe(self) -> dict:
-        return self.inner.describe()
-
-    def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
-        out: list[Outcome | None] = [None] * len(candidates)
-        todo = []
-        for i, c in enumerate(candidates):
-            why = self.screen.admit(c, self.best)
-            if why:
-                out[i] = Outcome.rejected(why)
-            else:
-                todo.append(i)
-        for i, o in zip(todo, self.inner.measure([candidates[i] for i in todo]) if todo else []):
-            out[i] = o
-            if o.ok and (self.best is None or o.metric < self.best):
-                self.best = o.metric
-        return out  # type: ignore[return-value]
-
-
 def pruned_fraction(stages: Sequence[Mapping[str, Any]], start: str = "restrictions") -> float | None:
     """Fraction of the points left after stage ``start`` that were not measured."""
     by = {s["stage"]: s["count"] for s in stages}
@@ -160,9 +157,9 @@ class Funnel:
     """The static funnel of one task.
 
     Parameters:
-        model: an analytic model with ``evaluate(columns) -> Estimate`` and
-            ``lower_bound`` (``costmodel.analytic.AnalyticModel``); None: only
-            restrictions are counted and nothing is cut.
+        model: the task's cost model; an ``Analytic`` one cuts the space
+            (capacity, top-k) and screens proposals (roofline); None or any
+            other model: only restrictions are counted and nothing is cut.
         top_k: how many capacity survivors the measured search may draw from:
             a fraction (< 1) of them or a count (default 0.1).
         min_k: keep at least this many (default 0; the driver passes four
@@ -175,7 +172,7 @@ class Funnel:
         limit: the largest cross product scored whole (default 2e7 points).
     """
 
-    model: Any = None
+    model: Any = None  # see ``screen``: only an Analytic model cuts
     top_k: float = DEFAULT_TOP_K
     min_k: int = 0
     margin: float = 0.1
@@ -195,12 +192,12 @@ class Funnel:
         import time
 
         t0 = time.perf_counter()
-        if self.model is None and space.size > self.limit:
+        if not isinstance(self.model, Analytic) and space.size > self.limit:
             # nothing to cut without a model, and too many points to count the valid ones
             return Screen(space, {"space": space.size}, seconds=time.perf_counter() - t0)
         idx = valid_points(space, self.limit)
         counts = {"space": space.size, "restrictions": len(idx)}
-        if self.model is None or not hasattr(self.model, "evaluate") or not len(idx):
+        if not isinstance(self.model, Analytic) or not len(idx):
             return Screen(space, counts, seconds=time.perf_counter() - t0)
         est = self.model.evaluate(index_columns(space, idx))
         fit = np.flatnonzero(est.fits)

@@ -10,10 +10,11 @@ each fingerprint's strategy for exactly that many and a slow slot never holds
 the others up. On a uniform cluster there is one fingerprint, and ``target``
 may be left out.
 
-A candidate goes through two stages. Builds (compiling, for backends with a
-``builder()``) run on a small pool of unpinned build workers: threads of the
-driver for ``local``, Ray actors that reserve no CPU for ``ray``, which ship
-the built library to the measuring slot's node. A compile failure is a ``compile``
+A candidate goes through two stages. Builds (compiling, for backends whose
+``builder()`` gives a ``BuildStage``) run on a small pool of unpinned build
+workers: threads of the driver for ``local``, Ray actors that reserve no CPU
+for ``ray``, which ship the built library (the stage's ``pack``) to the
+measuring slot's node (its ``install``). A compile failure is a ``compile``
 outcome straight from the build stage: it never occupies a measuring slot.
 Measuring slots then only measure built candidates. A fingerprint takes
 ``lookahead`` candidates beyond its slots (default: as many as it has slots
@@ -21,15 +22,21 @@ when there is a build stage, none without), so that the next candidates build
 while the slots measure.
 
 A slot measures one candidate at a time and owns a backend instance built
-from the backend's picklable ``factory()``; on the CPU each slot claims a set
-of cores of its node (a lock file per core set, held while the slot lives)
-and pins its measurement worker to them, so two measurements never share a
-core. A slot that dies mid-measurement (its process killed, its node lost)
+from the backend's picklable ``factory()``; for a backend that measures on
+cores (``pin_cores``) each slot claims a set of cores of its node (a lock file
+per core set, held while the slot lives) and pins its measurement worker to
+them, so two measurements never share a core. A slot that dies mid-measurement (its process killed, its node lost)
 costs that candidate one retry on another slot of its fingerprint; a second
 loss records it as ``runtime`` with the reason, and the run goes on.
 
 Every result carries the device fingerprint of the slot that measured it:
 times from different fingerprints are never ranked together.
+
+``inline`` is the executor of one slot on the caller's thread, measuring the
+given backend itself: the one-worker tuning loop runs on it.
+
+Backends follow ``planforge.targets.base.Backend``; this module sits below the
+targets and knows them only through that protocol and ``BuildStage``.
 """
 from __future__ import annotations
 
@@ -78,6 +85,7 @@ class Done:
 class Executor(Protocol):
     slots: int
     seconds: dict[str, float]  # "build" and "measure", summed over candidates
+    ready_s: float  # seconds from construction until every slot could measure
 
     def free(self) -> int: ...
 
@@ -94,40 +102,47 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+class BuildStage(Protocol):
+    """A backend's build step, split off from measuring (``Backend.builder()``).
+
+    Picklable: build threads and Ray build actors call it on any node. Calling
+    it gives, per candidate, the built library (whatever the backend's
+    ``measure_built`` takes: a path, for the CPU) or the ``compile`` Outcome
+    that stopped it. ``device()`` names the hardware a library built on this
+    node runs on (code built with ``-march=native`` runs only where it
+    matches); ``pack(lib)`` makes a built library picklable bytes to ship to
+    another node, and ``install(packed)`` puts it into the build cache of the
+    node that measures, returning the library there."""
+
+    def __call__(self, candidates: Sequence[Candidate]) -> list[Any]: ...
+
+    def device(self) -> str: ...
+
+    def pack(self, lib: Any) -> Any: ...
+
+    def install(self, packed: Any) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Artifact:
     """What the build stage hands a measuring slot: the built library
-    (``path`` on the node that built it; ``name`` and ``data`` to install it
-    on another node) or the ``compile`` outcome that stopped it (``failed``);
-    ``device``: hardware fingerprint of the node that built it; ``seconds``
-    and ``where`` (thread or process) for the record."""
+    (``lib``, on the node that built it; ``packed`` to install it on another
+    node) or the ``compile`` outcome that stopped it (``failed``); ``device``:
+    the build stage's ``device()`` on the node that built it; ``seconds`` and
+    ``where`` (thread or process) for the record."""
 
     failed: Outcome | None = None
-    path: str = ""
-    name: str = ""
-    data: bytes = b""
+    lib: Any = None
+    packed: Any = None
     device: str = ""
     seconds: float = 0.0
     where: str = ""
 
 
-_DEVICE: list[str] = []
-
-
-def node_device() -> str:
-    """This node's hardware fingerprint (read once per process): code built
-    with ``-march=native`` runs only where it matches."""
-    if not _DEVICE:
-        from ..targets.cpu.probe import hardware
-
-        _DEVICE.append(hardware().fingerprint)
-    return _DEVICE[0]
-
-
-def build_stage(builder: Callable, c: Candidate, ship: bool = False) -> Artifact:
+def build_stage(builder: BuildStage, c: Candidate, ship: bool = False) -> Artifact:
     """Build ``c`` here with ``builder`` (a backend's ``builder()``); with
-    ``ship``, carry the library's bytes for another node. An exception from
-    the builder is the candidate's ``compile`` outcome: the run goes on."""
+    ``ship``, pack the library for another node. An exception from the
+    builder is the candidate's ``compile`` outcome: the run goes on."""
     if ship:
         import socket
 
@@ -143,18 +158,23 @@ def build_stage(builder: Callable, c: Candidate, ship: bool = False) -> Artifact
     if isinstance(lib, Outcome):
         return Artifact(failed=lib, seconds=seconds, where=where)
     if not ship:
-        return Artifact(path=lib, seconds=seconds, where=where)
-    from ..targets.cpu.build import artifact
-
-    name, data = artifact(lib)
-    return Artifact(path=lib, name=name, data=data, device=node_device(), seconds=seconds, where=where)
+        return Artifact(lib=lib, seconds=seconds, where=where)
+    return Artifact(lib=lib, packed=builder.pack(lib), device=builder.device(), seconds=seconds, where=where)
 
 
-def _builder(backend) -> Callable | None:
-    """The backend's build stage, when it has one (a ``builder()`` and a ``measure_built``)."""
-    if hasattr(backend, "builder") and hasattr(backend, "measure_built"):
-        return backend.builder()
-    return None
+# what an executor uses of a backend (``planforge.targets.base.Backend``, which this module cannot import: the
+# targets sit above it); checked once at start, so a backend that does not follow the protocol is a clear error
+# instead of an AttributeError in a slot thread or a Ray actor
+_SLOT_MEMBERS = ("factory", "builder", "measure", "measure_built", "close", "name", "fingerprint", "pin_cores")
+
+
+def require_backend(backend, members: Sequence[str] = _SLOT_MEMBERS) -> None:
+    """Raise ``ExecutorError`` naming what ``backend`` lacks of the Backend protocol (``members``)."""
+    missing = [m for m in members if not hasattr(backend, m)]
+    if missing:
+        shown = ", ".join(f"{m}()" if m not in ("name", "fingerprint", "pin_cores") else m for m in missing)
+        raise ExecutorError(f"backend {getattr(backend, 'name', type(backend).__name__)!r} does not follow the "
+                            f"Backend protocol (planforge.targets.base.Backend): it has no {shown}")
 
 
 def _free(slots: Counter, lookahead: int | None, inflight: Counter) -> dict[str, int]:
@@ -239,16 +259,6 @@ class CoreClaim:
             self._fd = None
 
 
-def backend_factory(backend) -> Callable[[tuple[int, ...] | None], Any]:
-    """A picklable ``f(cpus) -> backend`` that builds an equivalent backend
-    (pinned to ``cpus``) in another thread, process or node."""
-    make = getattr(backend, "factory", None)
-    if make is None:
-        raise ExecutorError(f"backend {getattr(backend, 'name', backend)!r} has no factory(): it can only be "
-                            "measured by the local executor with one worker")
-    return make()
-
-
 def _lost(reason: str, attempts: int) -> Outcome:
     return Outcome.invalid("runtime", f"measurement worker lost {attempts} times: {reason}")
 
@@ -265,7 +275,7 @@ class _Job:
 
 class LocalExecutor:
     """``workers`` slots on this machine, each a thread driving its own backend
-    instance (for the CPU backend: its own isolated worker process, pinned to
+    instance (for the CPU backends: its own isolated worker process, pinned to
     its own core set when ``pin``), and a pool of build threads. With one
     worker and no pinning the given backend itself is used.
 
@@ -274,8 +284,8 @@ class LocalExecutor:
             ``workers > 1`` or ``pin``).
         workers: number of measuring slots (default 1).
         cores_per_slot: physical cores each slot claims (default 1).
-        pin: pin each slot's measurement worker to its claimed cores (default
-            True when the backend measures on this CPU).
+        pin: pin each slot's measurement worker to its claimed cores (default:
+            the backend's ``pin_cores``).
         build_workers: build threads, unpinned, each running the compiler as a
             child process (default: as many as candidates can be in flight,
             slots plus look-ahead); unused when the backend has no build step.
@@ -288,8 +298,10 @@ class LocalExecutor:
                  build_workers: int | None = None, lookahead: int | None = None):
         if workers < 1:
             raise ExecutorError(f"workers must be at least 1, got {workers}")
+        t0 = time.perf_counter()
+        require_backend(backend)
         self.slots = workers
-        pin = getattr(backend, "name", "") == "cpu" if pin is None else pin
+        pin = backend.pin_cores if pin is None else pin
         self._done: queue.Queue = queue.Queue()
         self._queues: dict[str, queue.Queue] = {}  # built candidates waiting for a slot, per device fingerprint
         self._slots_of: Counter = Counter()
@@ -298,7 +310,7 @@ class LocalExecutor:
         self._owned: list[Any] = []
         self._claims: list[CoreClaim] = []
         self.info: list[dict[str, Any]] = []
-        factory = backend_factory(backend) if (workers > 1 or pin) else None
+        factory = backend.factory() if (workers > 1 or pin) else None
         for i in range(workers):
             cpus = None
             if pin:
@@ -315,13 +327,14 @@ class LocalExecutor:
             t = threading.Thread(target=self._serve, args=(i, be, q), name=f"planforge-{name}", daemon=True)
             t.start()
             self._threads.append(t)
-        self._build = _builder(backend)
+        self._build = backend.builder()
         self.lookahead = 0 if self._build is None else lookahead
         self._pool = None if self._build is None else \
             ThreadPoolExecutor(build_workers or _most_in_flight(self._slots_of, lookahead),
                                thread_name_prefix="planforge-build")
         self.seconds = {"build": 0.0, "measure": 0.0}  # summed over candidates
         self._lock = threading.Lock()
+        self.ready_s = time.perf_counter() - t0
 
     def _serve(self, i: int, be, q: queue.Queue) -> None:
         slot = self.info[i]
@@ -333,7 +346,7 @@ class LocalExecutor:
             slot["busy"] = c
             t0 = time.perf_counter()
             try:
-                o = be.measure([c])[0] if job.built is None else be.measure_built(c, job.built.path)
+                o = be.measure([c])[0] if job.built is None else be.measure_built(c, job.built.lib)
             except BaseException as e:  # the backend broke, not the candidate: retry on another slot
                 slot["busy"] = None
                 reason = f"{slot['slot']}: {type(e).__name__}: {e}"
@@ -415,10 +428,65 @@ class LocalExecutor:
         for t in self._threads:
             t.join(timeout=30)
         for be in self._owned:
-            if hasattr(be, "close"):
-                be.close()
+            be.close()
         for c in self._claims:
             c.release()
+
+
+# -- inline --------------------------------------------------------------------------
+class InlineExecutor:
+    """One measuring slot on the caller's thread, measuring ``backend`` itself
+    (no copy, no pinning, nothing started): the executor of the one-worker
+    tuning loop.
+
+    Parameters:
+        backend: the task's backend; the caller keeps it (``close`` leaves it open).
+        slots: candidates taken at once (default 1); ``poll`` measures them in
+            one ``backend.measure`` call, so a backend that builds builds them
+            together.
+    A backend that raises while measuring (an interrupt, a broken backend)
+    raises here: with one slot there is no other to retry on."""
+
+    def __init__(self, backend, slots: int = 1):
+        if slots < 1:
+            raise ExecutorError(f"slots must be at least 1, got {slots}")
+        require_backend(backend, ("fingerprint", "measure"))
+        self.backend, self.slots = backend, slots
+        self._todo: list[tuple[Candidate, float]] = []
+        self.seconds = {"build": 0.0, "measure": 0.0}
+        self.ready_s = 0.0
+
+    def slots_by_target(self) -> dict[str, int]:
+        return {self.backend.fingerprint: self.slots}
+
+    def free_by_target(self) -> dict[str, int]:
+        return {self.backend.fingerprint: max(0, self.slots - len(self._todo))}
+
+    def free(self) -> int:
+        return sum(self.free_by_target().values())
+
+    def pending(self) -> int:
+        return len(self._todo)
+
+    def submit(self, candidates: Sequence[Candidate], target: str | None = None) -> None:
+        """Take ``candidates`` for the next ``poll`` (``target``: the backend's fingerprint, or None)."""
+        _target(target, [self.backend.fingerprint])
+        now = time.perf_counter()
+        self._todo.extend((c, now) for c in candidates)
+
+    def poll(self, timeout: float | None = None) -> list[Done]:
+        """Measure everything submitted, here and now (``timeout`` does not apply: nothing runs elsewhere)."""
+        todo, self._todo = self._todo, []
+        if not todo:
+            return []
+        t0 = time.perf_counter()
+        outs = self.backend.measure([c for c, _ in todo])
+        self.seconds["measure"] += time.perf_counter() - t0
+        now = time.perf_counter()
+        return [Done(c, o, self.backend.fingerprint, "inline", now - sent) for (c, sent), o in zip(todo, outs)]
+
+    def close(self) -> None:
+        self._todo = []  # the backend is the caller's: it stays open
 
 
 # -- Ray -----------------------------------------------------------------------------
@@ -431,13 +499,15 @@ class _Slot:
         self.claim = CoreClaim(cores_per_slot) if pin else None
         self.cpus = self.claim.cpus if self.claim else None
         self.backend = factory(self.cpus)
+        self.build = self.backend.builder()  # this node's own, to rebuild what another kind of machine built
         self.node = socket.gethostname()
 
     def describe(self) -> dict[str, Any]:
         import ray
 
         return {"pid": os.getpid(), "node": self.node, "node_id": ray.get_runtime_context().get_node_id(),
-                "cpus": self.cpus, "target": self.backend.fingerprint, "device": node_device()}
+                "cpus": self.cpus, "target": self.backend.fingerprint,
+                "device": self.build.device() if self.build is not None else ""}
 
     def measure(self, c: Candidate) -> tuple[Outcome, str]:
         return self.backend.measure([c])[0], self.backend.fingerprint
@@ -445,33 +515,33 @@ class _Slot:
     def measure_built(self, c: Candidate, built: Artifact) -> tuple[Outcome, str]:
         """Install the library the build stage shipped into this node's build cache, then measure it. A library
         built on another kind of machine (``-march=native`` code may not run here) is built again here instead."""
-        if built.device != node_device():
-            lib = self.backend.build([c])[0]
+        if self.build is None:  # (a backend whose copy here lost its build step) measure as it knows how
+            return self.backend.measure([c])[0], self.backend.fingerprint
+        if built.device != self.build.device():
+            lib = self.build([c])[0]
             if isinstance(lib, Outcome):
                 return lib, self.backend.fingerprint
         else:
-            from ..targets.cpu.build import install
-
-            lib = str(install(built.name, built.data))
+            lib = self.build.install(built.packed)
         return self.backend.measure_built(c, lib), self.backend.fingerprint
 
     def close(self) -> None:
-        if hasattr(self.backend, "close"):
-            self.backend.close()
+        self.backend.close()
 
 
 class _Builder:
     """Body of a Ray build actor: it reserves no CPU and is pinned to none, and lives as long as the executor,
     so no build pays for a worker process's start."""
 
-    def __init__(self, builder):
+    def __init__(self, builder: BuildStage):
         self.builder = builder
 
     def describe(self) -> dict[str, Any]:
         import ray
 
         self.builder([])  # imports what a build needs, before the first candidate
-        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "device": node_device()}
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                "device": self.builder.device()}
 
     def build(self, c: Candidate) -> Artifact:
         return build_stage(self.builder, c, ship=True)
@@ -495,6 +565,8 @@ class RayExecutor:
             executor started is shut down by ``close``.
         slots: number of actors (default: the cluster's CPUs / cores_per_slot).
         cores_per_slot: CPUs each actor reserves and pins (default 1).
+        pin: pin each actor's measurement worker to the CPUs it claims
+            (default: the backend's ``pin_cores``).
         build_workers: build actors, when the backend has a build step
             (default: as many as candidates can be in flight, slots plus
             look-ahead). They reserve no CPU (the slots hold them all), are
@@ -512,6 +584,7 @@ class RayExecutor:
             import ray
         except ImportError:
             raise ExecutorError("--executor ray needs Ray: pip install 'planforge[ray]'") from None
+        require_backend(backend)
         self.ray = ray
         for k, v in ray_env().items():
             os.environ.setdefault(k, v)
@@ -528,9 +601,9 @@ class RayExecutor:
                 raise ExecutorError(f"cannot reach a Ray cluster at {address or 'a new local instance'}: {e}") from None
         self.startup_s = time.perf_counter() - t0
         self.cores_per_slot = max(1, cores_per_slot)
-        self.pin = getattr(backend, "name", "") == "cpu" if pin is None else pin
-        self._factory = backend_factory(backend)
-        self._build = _builder(backend)
+        self.pin = backend.pin_cores if pin is None else pin
+        self._factory = backend.factory()
+        self._build = backend.builder()
         self.lookahead = 0 if self._build is None else lookahead
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.slots = slots or max(1, cpus // self.cores_per_slot)
@@ -743,7 +816,9 @@ class RayExecutor:
 
 
 def make_executor(kind: str, backend, **options: Any):
-    """``local`` or ``ray`` executor for ``backend``; ``options`` go to its constructor."""
+    """``local``, ``ray`` or ``inline`` executor for ``backend``; ``options`` go to its constructor."""
+    if kind == "inline":
+        return InlineExecutor(backend, **options)
     if kind == "local":
         return LocalExecutor(backend, **options)
     if kind == "ray":

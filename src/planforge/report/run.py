@@ -15,6 +15,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from ..costmodel.funnel import Analytic
+from ..results import toolchain
+
 RUN_VERSION = 1
 RUN_FILE = "run.json"
 
@@ -27,42 +30,17 @@ def _num(x: float | None) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def _graph_work(graph) -> tuple[float, float]:
-    """FLOPs and the bytes any plan must move (inputs, weights, outputs; fp32) of a whole graph."""
-    shapes = graph.shapes()
-    flops = 0.0
-    for n in graph.nodes:
-        out = math.prod(shapes[n.output])
-        if n.op in ("matmul", "linear"):
-            flops += 2.0 * out * shapes[n.inputs[0]][-1]
-        elif n.op not in ("transpose", "reshape", "concat"):
-            flops += out
-    moved = sum(math.prod(s) for s in graph.inputs.values()) + sum(math.prod(shapes[o]) for o in graph.outputs)
-    return flops, 4.0 * moved + float(graph.param_bytes())
-
-
 def task_work(task) -> dict[str, Any] | None:
     """The task's useful FLOPs and compulsory bytes, when planforge can count them (None for table tasks)."""
-    b = task.backend
-    problem = getattr(b, "problem", None)
-    if problem is not None:
-        from ..targets.cpu.templates import flops, min_bytes
-
-        return {"flops": flops(problem), "bytes": min_bytes(problem)}
-    graph = getattr(b, "graph", None)
-    if graph is not None and hasattr(graph, "shapes"):
-        f, by = _graph_work(graph)
-        return {"flops": f, "bytes": by}
-    return None
+    return task.backend.work()
 
 
 def _intensities(task, cands) -> list[float | None]:
     """Per-candidate arithmetic intensity from the analytic model (FLOPs per byte from the slowest level)."""
-    est = getattr(task.cost_model, "estimate", None)
-    if est is None or not cands:
+    if not isinstance(task.cost_model, Analytic) or not cands:
         return [None] * len(cands)
     try:
-        return [_num(float(v)) for v in est(cands).intensity]
+        return [_num(float(v)) for v in task.cost_model.estimate(cands).intensity]
     except Exception:  # a model that cannot estimate these points: the task-level intensity is used
         return [None] * len(cands)
 
@@ -114,7 +92,7 @@ def task_run(tr, label) -> dict[str, Any]:
         "selected_latency_s": tr.selected_latency,
         "saved_s": tr.saved_s,
         "proxy": ({"name": t.cost_model.name, "spearman": tr.proxy_spearman} if t.cost_model is not None else None),
-        "funnel": list(getattr(tr, "funnel", None) or []),
+        "funnel": list(tr.funnel),
         "info": {k: v for k, v in t.info.items() if k != "saturation"},
         "work": task_work(t),
         "accepted": None,
@@ -127,8 +105,6 @@ def task_run(tr, label) -> dict[str, Any]:
 
 
 def environment(res) -> dict[str, Any]:
-    from ..tune import toolchain
-
     from importlib import metadata
 
     tools = toolchain()
@@ -140,9 +116,7 @@ def environment(res) -> dict[str, Any]:
     targets = {}
     for t in res.workload.tasks:
         b = t.backend
-        prof = getattr(b, "profile", None)
-        targets[t.key] = {"backend": getattr(b, "name", type(b).__name__), "fingerprint": getattr(b, "fingerprint", ""),
-                          "profile": prof.to_dict() if prof is not None and hasattr(prof, "to_dict") else None}
+        targets[t.key] = {"backend": b.name, "fingerprint": b.fingerprint, "profile": b.device_profile()}
     return {"toolchain": tools, "platform": platform.platform(), "machine": platform.machine(),
             "targets": targets}
 

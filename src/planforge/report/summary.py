@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..costmodel.funnel import pruned_fraction
-from ..tune import TaskResult, TuneResult
+from ..results import TaskResult, TuneResult
 
 LOW_SPEARMAN = 0.5
 _BARS = "▁▂▃▄▅▆▇█"
@@ -51,11 +51,11 @@ def best_so_far(tr: TaskResult) -> list[float]:
 
 def plan_label(tr: TaskResult, c) -> str:
     """A plan as a reader wants it: the program's kernels for graph plans, the knobs otherwise."""
-    genome = getattr(tr.task.backend, "genome", None)
-    if genome is None:
+    program = tr.task.backend.program(c)
+    if program is None:
         return str(c)
     parts = []
-    for s in genome.program(c.as_dict()):
+    for s in program:
         if s["op"].startswith(("T.", "Layers.")) or (s["op"] == "lib1" and s["args"][0] == "reshape"):
             continue
         kind = "fused_mlp" if s["op"] == "fused_mlp" else f"{s['op'][:-1]}:{s['args'][0]}" + \

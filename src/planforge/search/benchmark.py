@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 from ..targets.replay.replay import Replay, load_replay
 from .loop import Budget, search
 from .scoring import Score, score
-from .strategies import make_strategy
+from .registry import make_strategy
 
 BASELINE = "random"
 

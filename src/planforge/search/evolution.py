@@ -19,10 +19,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ..costmodel.funnel import Analytic
 from ..costmodel.learned import HeldOut, LearnedRanker
 from ..outcome import Outcome
 from ..space import Candidate, Space, SpaceError
-from .strategies import STRATEGIES, Strategy
+from .strategies import Strategy
 
 
 class ModelGuided(Strategy):
@@ -52,8 +53,8 @@ class ModelGuided(Strategy):
                              f"0 <= epsilon <= 1 (got {batch}, {population}, {generations}, {epsilon})")
         kw.setdefault("max_duplicates", 1000)
         super().__init__(space, seed, **kw)
-        self.analytic = cost_model if hasattr(cost_model, "features_of") and hasattr(cost_model, "estimate") else None
-        self.prior = cost_model if cost_model is not None and hasattr(cost_model, "predict") else None
+        self.analytic = cost_model if isinstance(cost_model, Analytic) else None
+        self.prior = cost_model  # any CostModel predicts: its best predicted points are the first batch
         self.batch, self.population, self.generations, self.epsilon = batch, population, generations, epsilon
         self.ranker = LearnedRanker(space, self.analytic, seed=seed, rounds=rounds, leaves=leaves, min_fit=min_fit)
         self.heldout = HeldOut()
@@ -205,5 +206,3 @@ class ModelGuided(Strategy):
                        "heldout": self.heldout.report()}}
         return d
 
-
-STRATEGIES[ModelGuided.name] = ModelGuided

@@ -25,7 +25,7 @@ import math
 from typing import Sequence
 
 from ..space import Candidate, Space, SpaceError
-from .strategies import STRATEGIES, Result, Strategy
+from .strategies import Result, Strategy
 
 
 class _Node:
@@ -209,6 +209,3 @@ class MCTS(Strategy):
 
     def describe(self) -> dict:
         return {**super().describe(), "c": self.c}
-
-
-STRATEGIES[MCTS.name] = MCTS

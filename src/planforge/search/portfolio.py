@@ -23,10 +23,21 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 from ..space import Candidate, Space
-from .strategies import STRATEGIES, Result, Strategy
+from .evolution import ModelGuided
+from .mcts import MCTS
+from .strategies import Annealing, Exhaustive, Genetic, HillClimb, RandomSearch, Result, Strategy
+from .surrogate import Thompson
+from .tpe import TPE
+
+# The strategies a portfolio can run as arms: every strategy but the portfolio itself and proxy-topk (which
+# needs a cost model and measures a fixed list). Listed here rather than taken from the registry, which lists
+# the portfolio: the registry imports this module, never the other way round.
+ARMS: dict[str, type[Strategy]] = {
+    s.name: s for s in (Exhaustive, RandomSearch, Genetic, Annealing, HillClimb, ModelGuided, MCTS, Thompson, TPE)
+}
 
 DEFAULT_ARMS = ("genetic", "annealing", "hillclimb")
 
@@ -92,18 +103,24 @@ class Portfolio(Strategy):
         arms: strategy names (default genetic, annealing, hillclimb).
         c, window: the AUC bandit's settings (defaults 0.05 and 500).
         arm_options: per arm name, settings passed to that strategy.
+        catalog: strategy classes by name to take the arms from (default
+            ``ARMS``; ``make_strategy`` passes the registry's, so a strategy
+            registered there can be an arm). The portfolio itself and
+            proxy-topk are never arms.
     """
 
     name = "bandit"
 
     def __init__(self, space: Space, seed: int = 0, arms: Sequence[str] | str = DEFAULT_ARMS, c: float = 0.05,
-                 window: int = 500, arm_options: dict[str, dict[str, Any]] | None = None, **kw):
+                 window: int = 500, arm_options: dict[str, dict[str, Any]] | None = None,
+                 catalog: Mapping[str, type[Strategy]] | None = None, **kw):
         super().__init__(space, seed, **kw)
         if isinstance(arms, str):
             arms = [a for a in arms.split("+") if a]
         if not arms:
             raise ValueError("a bandit portfolio needs at least one arm")
-        unknown = [a for a in arms if a not in STRATEGIES or a in (self.name, "proxy-topk")]
+        catalog = ARMS if catalog is None else catalog
+        unknown = [a for a in arms if a not in catalog or a in (self.name, "proxy-topk")]
         if unknown:
             raise ValueError(f"bandit arms must be search strategies; unknown or unusable: {', '.join(unknown)}")
         if len(set(arms)) != len(arms):
@@ -112,7 +129,7 @@ class Portfolio(Strategy):
         self.arms: dict[str, Strategy] = {}
         for a in arms:
             opts = dict(arm_options.get(a, {}))
-            self.arms[a] = STRATEGIES[a](space, self.rng.randrange(2**31), **opts)
+            self.arms[a] = catalog[a](space, self.rng.randrange(2**31), **opts)
         self.bandit = AUCBandit(list(self.arms), c, window)
         self.owner: dict[str, str] = {}
         self.best = math.inf
@@ -157,6 +174,3 @@ class Portfolio(Strategy):
     def describe(self) -> dict:
         return {**super().describe(), "arms": list(self.arms), "c": self.bandit.c, "window": self.bandit.window,
                 "uses": dict(self.uses)}
-
-
-STRATEGIES[Portfolio.name] = Portfolio

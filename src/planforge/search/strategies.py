@@ -9,13 +9,12 @@ the ``Outcome`` of what they asked for.
 """
 from __future__ import annotations
 
-import inspect
 import math
 import random
 from typing import Callable, Iterator, Sequence
 
 from ..outcome import Outcome
-from ..space import Candidate, Space, SpaceError
+from ..space import Candidate, Space
 from .ranked import Ranked
 
 Result = tuple[Candidate, Outcome]
@@ -83,6 +82,12 @@ class Strategy:
 
     def _observe(self, c: Candidate, o: Outcome) -> None:
         pass
+
+    def warm_start(self, rows) -> int:
+        """Take ``(group, config, metric)`` rows of earlier runs on this device
+        (``costmodel.learned.history``); returns how many were taken. Only a
+        strategy with a learned model has a use for them: the others take none."""
+        return 0
 
     def describe(self) -> dict:
         return {"name": self.name, "seed": self.seed}
@@ -298,50 +303,3 @@ class ProxyTopK(Strategy):
 
     def describe(self) -> dict:
         return {**super().describe(), "k": self.k}
-
-
-STRATEGIES: dict[str, type[Strategy]] = {
-    s.name: s for s in (Exhaustive, RandomSearch, Genetic, Annealing, HillClimb, ProxyTopK)
-}
-
-
-# What ``auto`` runs on a space larger than the budget when no cost model has features: the
-# bandit portfolio with a Thompson-sampling arm beside genetic, annealing and hill climbing.
-# Chosen and tuned on the recorded GPU spaces of the benchmark hub with seeds the benchmark does not
-# score (bench/replay_tune.py; docs/benchmarks.md, "Replay on recorded GPU spaces"): the exploration
-# weight c = 0.2 (OpenTuner's 0.05 let one lucky arm hold the search too long) cut the geometric
-# mean of evaluations to within 5% from 92 to 83 over the five spaces.
-AUTO_PORTFOLIO = {"arms": ("thompson", "genetic", "annealing", "hillclimb"), "c": 0.2}
-
-
-def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = None, cost_model=None,
-                  **options) -> Strategy:
-    """Build a strategy by name. ``auto`` is exhaustive when the valid space
-    fits in ``budget``; otherwise model-guided (``model``) when ``cost_model``
-    has features for a learned model (the CPU kernel tasks' analytic model),
-    genetic when seed candidates are given (``initial``: the extracted plans
-    of a graph), and else the bandit portfolio with the settings of
-    ``AUTO_PORTFOLIO``."""
-    if name == "auto":
-        try:
-            fits = budget is not None and space.valid_size() <= budget
-        except SpaceError:
-            fits = False
-        name = ("exhaustive" if fits else "model" if hasattr(cost_model, "features_of")
-                # seed plans (a graph's greedy and ILP extractions) start the genetic search's population
-                else "genetic" if options.get("initial") else "bandit")
-        if name == "bandit":
-            options = {**AUTO_PORTFOLIO, **options}
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose one of: auto, {', '.join(STRATEGIES)}")
-    if name == "model":
-        return STRATEGIES[name](space, seed, cost_model=cost_model, **options)
-    if name == "proxy-topk":
-        options.setdefault("k", budget or 3)
-        return ProxyTopK(space, seed, cost_model=cost_model, **options)
-    cls = STRATEGIES[name]
-    if "initial" in options and "initial" not in inspect.signature(cls.__init__).parameters:
-        options.pop("initial")  # this strategy takes no seed candidates
-    return cls(space, seed, **options)
-
-from . import evolution  # noqa: E402,F401  (registers the model-guided strategy, "model")

@@ -46,7 +46,7 @@ import numpy as np
 from scipy import linalg
 
 from ..space import Candidate, Space, SpaceError
-from .strategies import STRATEGIES, Result, Strategy
+from .strategies import Result, Strategy
 
 
 class Thompson(Strategy):
@@ -323,6 +323,3 @@ class Thompson(Strategy):
                 "interaction_prior": self.interaction_prior, "interactions": self.interactions,
                 "value_features": len(self._value_tables), "refit": self.refit, "features": self.n_features,
                 "top": self.top, "radius": self.radius, "global_every": self.global_every}
-
-
-STRATEGIES[Thompson.name] = Thompson

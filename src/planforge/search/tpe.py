@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..space import Candidate, Space, SpaceError
-from .strategies import STRATEGIES, Result, Strategy
+from .strategies import Result, Strategy
 
 
 def import_optuna():
@@ -173,6 +173,3 @@ class TPE(Strategy):
     def describe(self) -> dict:
         return {**super().describe(), "n_startup": self.n_startup, "max_misses": self.max_misses,
                 "multivariate": self.multivariate, "replaced": self.replaced, "injected": self.injected}
-
-
-STRATEGIES[TPE.name] = TPE

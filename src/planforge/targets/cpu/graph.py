@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Sequence
 
 import numpy as np
@@ -100,7 +101,18 @@ def run_plan_job(job: dict) -> dict:
 
 @dataclass
 class GraphBackend:
-    """Measures plans of ``genome`` for ``graph`` on this machine (fingerprint from ``profile``)."""
+    """Measures plans of ``genome`` for ``graph`` on this machine (fingerprint from ``profile``).
+
+    Parameters:
+        graph: the model graph; its fp64 evaluation is the reference every plan is checked against.
+        genome: the plan space over the graph's saturated e-graph.
+        profile: the DeviceProfile of this machine (its fingerprint tags every time).
+        timing: the timing protocol (default ``TimingConfig()``).
+        seed: seeds the inputs (default 0).
+        memory_limit: address-space limit of the measurement worker, bytes (default none).
+        timeout: adaptive per-measurement timeout (default 10x the fastest, 5..120 s).
+        cpus: CPUs the measurement worker is pinned to (default None: not pinned).
+    """
 
     graph: Graph
     genome: Any
@@ -108,12 +120,14 @@ class GraphBackend:
     timing: TimingConfig = field(default_factory=TimingConfig)
     seed: int = 0
     memory_limit: int | None = None
+    cpus: tuple[int, ...] | None = None
+    pin_cores = True  # plans run on this node's cores: executors give each slot its own
     timeout: AdaptiveTimeout = field(default_factory=AdaptiveTimeout)
     name: str = "cpu"
 
     def __post_init__(self):
         self.fingerprint = self.profile.fingerprint
-        self.worker = Worker(self.memory_limit)
+        self.worker = Worker(self.memory_limit, cpus=self.cpus)
         self.graph_key = f"{self.graph.name}:{id(self.graph)}"
         self._built: dict[str, tuple[dict, dict, list]] = {}
         self.build_seconds = 0.0
@@ -158,6 +172,23 @@ class GraphBackend:
                 "program": program, "libs": libs, "problems": problems, "timing": self.timing.to_json()}
 
     def _run(self, job: dict) -> Outcome:
+    def factory(self):
+        """A picklable ``f(cpus) -> GraphBackend`` measuring plans of the same
+        genome on the same graph wherever it is called (executors make one per
+        slot; the genome travels whole, so every copy's fingerprints agree)."""
+        t = self.timeout
+        return partial(_remote_graph_backend, self.graph, self.genome, self.profile, self.timing.to_json(),
+                       self.seed, self.memory_limit, (t.factor, t.lo, t.hi))
+
+    def builder(self) -> None:
+        """None: a plan's steps are several libraries, built by the slot that
+        measures it (in parallel, through the node's build cache), not split off."""
+        return None
+
+    def measure_built(self, candidate: Candidate, lib: tuple[dict, dict, list]) -> Outcome:
+        """Measure ``candidate`` from its built parts ``lib`` (program, libraries, problems; see ``plan_parts``)."""
+        return self._run(self._job("plan", *lib))
+
         return measure_isolated(self.worker, run_plan_job, job, self.timeout)
 
     def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
@@ -170,10 +201,13 @@ class GraphBackend:
             outs.append(self._run(self._job("plan", *b)))
         return outs
 
-    def baselines(self, libraries=None) -> dict[str, Outcome]:
+    def baselines(self, libraries: Sequence[str] | None = None) -> dict[str, Outcome]:
+        """The graph op by op in numpy (the only library a whole graph has; ``libraries`` is not consulted)."""
         return {"numpy": self._run(self._job("numpy"))}
 
-    def remeasure(self, candidates: Sequence[Candidate], libraries=None, rounds: int = 3):
+    def remeasure(self, candidates: Sequence[Candidate], libraries: Sequence[str] | None = None,
+                  rounds: int = 3) -> tuple[list[Outcome], dict[str, Outcome]]:
+        """Plans and the numpy baseline again, interleaved round by round; raw times of all rounds pooled."""
         times: dict[str, list[float]] = {}
         failed: dict[str, Outcome] = {}
         keys = [c.fingerprint for c in candidates] + ["numpy"]
@@ -194,11 +228,51 @@ class GraphBackend:
                 else:
                     failed["numpy"] = o
         res = {k: failed.get(k) or Outcome.measured(times[k]) for k in keys}
+    def program(self, candidate: Candidate) -> list[dict]:
+        """The program the genome extracts for ``candidate``: what the spec records and ``planforge run`` executes."""
+        return self.genome.program(candidate.as_dict())
+
+    def work(self) -> dict[str, float]:
+        """The graph's FLOPs and the bytes any plan must move (inputs, weights, outputs; fp32)."""
+        return graph_work(self.graph)
+
+    def device_profile(self) -> dict:
+        return self.profile.to_dict()
+
         return [res[c.fingerprint] for c in candidates], {"numpy": res["numpy"]}
 
     def plan_parts(self, c: Candidate) -> tuple[dict, dict, list] | Outcome:
         """(program, libs, problems) of a candidate, building what it needs."""
         return self._built.get(c.fingerprint) or self._build([c])[0]
 
+
+
+def graph_work(graph: Graph) -> dict[str, float]:
+    """FLOPs and the bytes any plan must move (inputs, weights, outputs; fp32) of a whole graph."""
+    import math
+
+    shapes = graph.shapes()
+    flops = 0.0
+    for n in graph.nodes:
+        out = math.prod(shapes[n.output])
+        if n.op in ("matmul", "linear"):
+            flops += 2.0 * out * shapes[n.inputs[0]][-1]
+        elif n.op not in ("transpose", "reshape", "concat"):
+            flops += out
+    moved = sum(math.prod(s) for s in graph.inputs.values()) + sum(math.prod(shapes[o]) for o in graph.outputs)
+    return {"flops": flops, "bytes": 4.0 * moved + float(graph.param_bytes())}
+
+
+def _remote_graph_backend(graph: Graph, genome, profile, timing: dict, seed: int, memory_limit: int | None,
+                          timeout: tuple[float, float, float], cpus: tuple[int, ...] | None = None) -> GraphBackend:
+    """Rebuild a GraphBackend in an executor slot. On another kind of machine the
+    slot's own profile is used, so its times carry its own fingerprint."""
+    from .kernel import node_device
+    from .probe import get_profile
+
+    if node_device() != profile.fingerprint:
+        profile = get_profile(quick=True)
+    return GraphBackend(graph, genome, profile, TimingConfig(**timing), seed, memory_limit, AdaptiveTimeout(*timeout),
+                        cpus=cpus)
     def close(self) -> None:
         self.worker.close()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Sequence
 
-from .build import BuildError, build_many
+from .build import BuildError, artifact, build_many, install
 from .templates import Problem, Template, available_libraries
 from .job import run_job
 from ...measure import AdaptiveTimeout, TimingConfig, Worker
@@ -47,6 +47,7 @@ class CpuBackend:
     timeout: AdaptiveTimeout = field(default_factory=AdaptiveTimeout)
     name: str = "cpu"
     cpus: tuple[int, ...] | None = None
+    pin_cores = True  # measurements run on this node's cores: executors give each slot its own
 
     def __post_init__(self):
         self.fingerprint = self.profile.fingerprint
@@ -73,12 +74,11 @@ class CpuBackend:
         return partial(_remote_cpu_backend, self.problem.to_json(), self._template_ref,
                        self.profile, self.timing.to_json(), self.seed, self.memory_limit, (t.factor, t.lo, t.hi))
 
-    def builder(self):
-        """A picklable ``f(candidates) -> [library path | compile Outcome]``
-        that compiles in whichever thread, process or node calls it, into that
-        node's build cache: the executors' build stage, so that a measuring
-        slot only measures (``measure_built``)."""
-        return partial(_build_on, self.problem.to_json(), self._template_ref)
+    def builder(self) -> "CpuBuild":
+        """The executors' build stage: compiles in whichever thread, process or
+        node calls it, into that node's build cache, so that a measuring slot
+        only measures (``measure_built``)."""
+        return CpuBuild(self.problem.to_json(), self._template_ref)
 
     def _run(self, job: dict) -> Outcome:
         return measure_isolated(self.worker, run_job, job, self.timeout)
@@ -143,6 +143,19 @@ class CpuBackend:
         res = {n: failed.get(n) or Outcome.measured(times[n]) for n in names}
         return [res[c.fingerprint] for c in candidates], {lib: res[lib] for lib in libs}
 
+    def program(self, candidate: Candidate) -> None:
+        """None: a kernel's candidate is its knobs, not a program."""
+        return None
+
+    def work(self) -> dict[str, float]:
+        """The problem's useful FLOPs and compulsory bytes."""
+        from .templates import flops, min_bytes
+
+        return {"flops": flops(self.problem), "bytes": min_bytes(self.problem)}
+
+    def device_profile(self) -> dict:
+        return self.profile.to_dict()
+
     def close(self) -> None:
         self.worker.close()
 
@@ -159,20 +172,53 @@ def build_libraries(problem: Problem, template: Template, candidates: Sequence[C
             for built, err, log in build_many(jobs)]
 
 
-def _build_on(problem: dict, template: str, candidates: Sequence[Candidate]) -> list[str | Outcome]:
-    from .job import template as find_template
+_DEVICE: list[str] = []
 
-    return build_libraries(Problem.from_json(problem), find_template(template), candidates)
+
+def node_device() -> str:
+    """This node's hardware fingerprint (read once per process): code built
+    with ``-march=native`` runs only where it matches."""
+    if not _DEVICE:
+        from .probe import hardware
+
+        _DEVICE.append(hardware().fingerprint)
+    return _DEVICE[0]
+
+
+@dataclass(frozen=True)
+class CpuBuild:
+    """The build stage of a CpuBackend (a ``planforge.measure.executor.BuildStage``),
+    picklable: ``problem`` (its JSON) and ``template`` (``registry:name``) are
+    all it carries. Called, it gives a library path per candidate (or the
+    ``compile`` outcome); a path travels to another node as the library's
+    cache name and bytes."""
+
+    problem: dict
+    template: str
+
+    def __call__(self, candidates: Sequence[Candidate]) -> list[str | Outcome]:
+        from .job import template as find_template
+
+        return build_libraries(Problem.from_json(self.problem), find_template(self.template), candidates)
+
+    def device(self) -> str:
+        return node_device()
+
+    def pack(self, lib: str) -> tuple[str, bytes]:
+        return artifact(lib)
+
+    def install(self, packed: tuple[str, bytes]) -> str:
+        return str(install(*packed))
 
 
 def _remote_cpu_backend(problem: dict, template: str, profile, timing: dict, seed: int, memory_limit: int | None,
                         timeout: tuple[float, float, float], cpus: tuple[int, ...] | None = None) -> CpuBackend:
     """Rebuild a CpuBackend in an executor slot. On another kind of machine the
     slot's own profile is used, so its times carry its own fingerprint."""
-    from .probe import get_profile, hardware
+    from .probe import get_profile
     from .job import template as find_template
 
-    if hardware().fingerprint != profile.fingerprint:
+    if node_device() != profile.fingerprint:
         profile = get_profile(quick=True)
     return CpuBackend(Problem.from_json(problem), find_template(template), profile, TimingConfig(**timing), seed,
                       memory_limit, AdaptiveTimeout(*timeout), cpus=cpus)

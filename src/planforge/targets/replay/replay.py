@@ -15,6 +15,7 @@ import hashlib
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -74,7 +75,9 @@ class ReplaySpace(Space):
 class ReplayBackend:
     """Returns the recorded outcome of each candidate (by fingerprint).
 
-    ``lookups`` counts the candidates measured, i.e. the evaluations spent."""
+    ``lookups`` counts the candidates measured, i.e. the evaluations spent
+    (``remeasure`` reads the recording again without counting: a recorded time
+    does not change)."""
 
     outcomes: Mapping[str, Outcome]
     label: str
@@ -83,6 +86,7 @@ class ReplayBackend:
     name: str = "replay"
     fingerprint: str = field(init=False)
     lookups: int = 0
+    pin_cores = False  # a lookup takes no core worth pinning
 
     def __post_init__(self):
         self.fingerprint = f"replay:{self.device or 'recorded'}:{self.label}:{self.content_hash[:16]}"
@@ -90,10 +94,53 @@ class ReplayBackend:
     def describe(self) -> dict:
         return {"backend": self.name, "fingerprint": self.fingerprint, "entries": len(self.outcomes)}
 
-    def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
-        self.lookups += len(candidates)
+    def factory(self):
+        """A picklable ``f(cpus) -> ReplayBackend`` answering from the same recording (``cpus`` is ignored)."""
+        return partial(_copy_replay, dict(self.outcomes), self.label, self.content_hash, self.device)
+
+    def builder(self) -> None:
+        """None: a lookup has nothing to build."""
+        return None
+
+    def _lookup(self, candidates: Sequence[Candidate]) -> list[Outcome]:
         get = self.outcomes.get
         return [get(c.fingerprint) or Outcome.rejected(f"{c} is not recorded in {self.label}") for c in candidates]
+
+    def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
+        self.lookups += len(candidates)
+        return self._lookup(candidates)
+
+    def measure_built(self, candidate: Candidate, lib=None) -> Outcome:
+        """Without a build stage there is nothing built: the lookup itself."""
+        return self.measure([candidate])[0]
+
+    def baselines(self, libraries: Sequence[str] | None = None) -> dict[str, Outcome]:
+        """{}: a recording holds no library times."""
+        return {}
+
+    def remeasure(self, candidates: Sequence[Candidate], libraries: Sequence[str] | None = None,
+                  rounds: int = 3) -> tuple[list[Outcome], dict[str, Outcome]]:
+        """The recorded outcomes again (a recorded time does not change between rounds); not counted as lookups."""
+        return self._lookup(candidates), {}
+
+    def program(self, candidate: Candidate) -> None:
+        """None: a recording's entry is no program."""
+        return None
+
+    def work(self) -> None:
+        """None: a recording holds times, not the work behind them."""
+        return None
+
+    def device_profile(self) -> None:
+        """None: no device is measured."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _copy_replay(outcomes: dict, label: str, content_hash: str, device: str, cpus=None) -> ReplayBackend:
+    return ReplayBackend(outcomes, label, content_hash, device)
 
 
 @dataclass

@@ -31,6 +31,7 @@ class TableBackend:
     delay_s: float = 0.0
     name: str = "table"
     fingerprint: str = field(init=False)
+    pin_cores = False  # a lookup takes no core worth pinning
 
     def __post_init__(self):
         self.fingerprint = f"table:{self.label}:{fingerprint_of(sorted(self.table.items()))}"
@@ -42,6 +43,10 @@ class TableBackend:
         """A picklable ``f(cpus) -> TableBackend`` (a copy of this one; ``cpus`` is ignored)."""
         return partial(_copy_table, dict(self.table), self.label, self.delay_s)
 
+    def builder(self) -> None:
+        """None: a lookup has nothing to build."""
+        return None
+
     def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
         out = []
         for c in candidates:
@@ -50,6 +55,34 @@ class TableBackend:
             t = self.table.get(c.fingerprint)
             out.append(Outcome.measured([t]) if t is not None else Outcome.rejected(f"{c} is not in table {self.label!r}"))
         return out
+
+    def measure_built(self, candidate: Candidate, lib=None) -> Outcome:
+        """Without a build stage there is nothing built: the lookup itself."""
+        return self.measure([candidate])[0]
+
+    def baselines(self, libraries: Sequence[str] | None = None) -> dict[str, Outcome]:
+        """{}: a table has no library to compare with."""
+        return {}
+
+    def remeasure(self, candidates: Sequence[Candidate], libraries: Sequence[str] | None = None,
+                  rounds: int = 3) -> tuple[list[Outcome], dict[str, Outcome]]:
+        """The table's times again: they do not change between rounds, so one lookup stands for every round."""
+        return self.measure(candidates), {}
+
+    def program(self, candidate: Candidate) -> None:
+        """None: a table's entry is no program."""
+        return None
+
+    def work(self) -> None:
+        """None: a table holds times, not the work behind them."""
+        return None
+
+    def device_profile(self) -> None:
+        """None: no device is measured."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def _copy_table(table: dict, label: str, delay_s: float, cpus=None) -> TableBackend:

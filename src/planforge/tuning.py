@@ -1,126 +1,34 @@
-"""The tuning driver: workload -> per-task search -> finalists -> spec, with every outcome recorded."""
+"""The tuning driver: workload -> per-task search -> finalists -> spec, with every outcome recorded.
+
+Each task is searched by the one tuning loop (``planforge.search.loop``) on
+the executor asked for (one slot on this thread by default), behind the
+funnel's roofline screen; the finalists are re-measured beside the
+libraries, walked through the validators, and the spec, run.json and the
+report are written. ``planforge.tune`` (the API) calls ``tune`` here.
+"""
 from __future__ import annotations
 
 import os
-import platform
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__
-from .costmodel import break_even_runs, spearman
-from .costmodel.funnel import Funnel, Screened, pruned_fraction
+from .costmodel import spearman
+from .costmodel.funnel import Analytic, Funnel, pruned_fraction
 from .costmodel.learned import history
-from .outcome import Outcome
-from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, Walk, make_strategy, search, walk_finalists
-from .search.asyncloop import search_on
+from .report.html import write_report
+from .report.run import write_run
+from .results import FALLBACK_WITHIN, PlanLoader, TaskResult, TuneResult, toolchain
+from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, make_strategy, search_on, walk_finalists
+from .search.strategies import Strategy
 from .spec import Records, SCHEMA_VERSION, spec_filename, write_spec
 from .workloads import Task, Workload
 
-
-FALLBACK_WITHIN = 0.95
 FINALIST_ROUNDS = 3
 
-
-@dataclass
-class TaskResult:
-    task: Task
-    result: SearchResult
-    walk: Walk | None
-    strategy: dict[str, Any]
-    proxy_spearman: float | None = None
-    error: NoValidFinalist | None = None
-    ranked: Ranked | None = None  # after re-measuring the finalists (the search's own when not re-measured)
-    baselines: dict[str, Outcome] = field(default_factory=dict)
-    funnel: list[dict[str, Any]] = field(default_factory=list)  # L0 stage counts, whole space -> measured
-    bound: dict[str, Any] | None = None  # the analytic model's figures for the accepted plan
-
-    @property
-    def best_library(self) -> tuple[str, float] | None:
-        ok = [(o.metric, name) for name, o in sorted(self.baselines.items()) if o.ok]
-        return (min(ok)[1], min(ok)[0]) if ok else None
-
-    @property
-    def ratio_vs_library(self) -> float | None:
-        lib = self.best_library
-        return self.walk.accepted.metric / lib[1] if (lib and self.walk) else None
-
-    @property
-    def fallback(self) -> dict[str, str] | None:
-        """The 95% rule: a tuned kernel slower than 95% of the best library's speed gives way to the library."""
-        lib = self.best_library
-        if lib is None or self.walk is None:
-            return None
-        ratio = self.walk.accepted.metric / lib[1]
-        if ratio * FALLBACK_WITHIN <= 1.0:
-            return None
-        return {"to": lib[0], "reason": f"the tuned kernel reaches {100 / ratio:.0f}% of {lib[0]}'s speed "
-                                        f"({self.walk.accepted.metric:.4g} s vs {lib[1]:.4g} s), below the "
-                                        f"{100 * FALLBACK_WITHIN:.0f}% rule"}
-
-    @property
-    def selected_latency(self) -> float | None:
-        """Latency of what the plan runs: the tuned kernel, or the library it fell back to."""
-        fb = self.fallback
-        if fb:
-            return self.baselines[fb["to"]].metric
-        return self.walk.accepted.metric if self.walk else None
-
-    @property
-    def saved_s(self) -> float:
-        """Time saved per execution by the accepted plan over the first plan measured."""
-        first = self.result.first_measured
-        if first is None or self.walk is None:
-            return 0.0
-        return (first.outcome.metric - self.selected_latency) * self.task.weight
-
-
-@dataclass
-class TuneResult:
-    workload: Workload
-    tasks: list[TaskResult]
-    spec: dict[str, Any] | None
-    spec_path: Path | None
-    run_id: str
-    resumed: bool
-    records_path: Path
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    report_path: Path | None = None  # OUT/report.html, rendered from OUT/run.json
-    target: str = ""  # the device fingerprint of ``tasks`` and ``spec``
-    # every device fingerprint tuned (a heterogeneous cluster tunes each kind of machine), ``target`` included
-    by_target: dict[str, list[TaskResult]] = field(default_factory=dict)
-    specs: dict[str, Path] = field(default_factory=dict)  # the spec written per device fingerprint
-
-    @property
-    def plan(self):
-        """The chosen plan as a callable (``planforge.load`` of the spec); graph workloads only."""
-        if self.spec_path is None:
-            raise ValueError("this run wrote no spec (no output folder, or no valid finalist): nothing to load")
-        from .api import load
-
-        return load(self.spec_path, graph=getattr(self.workload.tasks[0].backend, "graph", None))
-
-    @property
-    def saved_s(self) -> float:
-        return sum(t.saved_s for t in self.tasks)
-
-    @property
-    def break_even(self) -> float:
-        return break_even_runs(self.seconds, self.saved_s)
-
-    @property
-    def ok(self) -> bool:
-        return all(t.walk is not None for t in self.tasks)
-
-
-def toolchain() -> dict[str, str]:
-    import numpy
-    import scipy
-
-    return {"planforge": __version__, "python": platform.python_version(), "numpy": numpy.__version__,
-            "scipy": scipy.__version__}
+__all__ = ["FALLBACK_WITHIN", "FINALIST_ROUNDS", "TaskResult", "TuneResult", "build_spec", "task_spec",
+           "toolchain", "tune"]
 
 
 def _finalist_json(rank: int, e) -> dict[str, Any]:
@@ -163,9 +71,9 @@ def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
         d["funnel_pruned"] = pruned_fraction(tr.funnel)  # of the valid space, never measured
     if tr.bound:
         d["bound"] = tr.bound
-    genome = getattr(t.backend, "genome", None)
-    if genome is not None:  # a whole-graph plan: the program is what `planforge run` executes
-        d["program"] = genome.program(acc.candidate.as_dict())
+    program = t.backend.program(acc.candidate)
+    if program is not None:  # a whole-graph plan: the program is what `planforge run` executes
+        d["program"] = program
         d["graph"] = {k: v for k, v in t.info.items() if k != "saturation"}
     if lib is not None:
         d["library_latency_s"] = lib[1]
@@ -195,7 +103,7 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
          keep: int = 4, out: str | os.PathLike | None = None, records: str | os.PathLike | None = None,
          resume: bool = False, strategy_options: dict[str, Any] | None = None,
          on_trial: Callable[[Task, Trial], None] | None = None, command: str = "",
-         executor: dict[str, Any] | None = None, funnel: bool = True
+         executor: dict[str, Any] | None = None, funnel: bool = True, plan_loader: PlanLoader | None = None
          ) -> TuneResult:
     """Tune every task of ``workload``; write ``out/spec.json`` when ``out`` is given.
 
@@ -210,7 +118,8 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
             settings, taking every recorded outcome instead of measuring it.
         on_trial: called with each outcome as it arrives (progress display).
         executor: where measurements run: ``{"kind": "local"|"ray", **options}``
-            (see ``planforge.measure.executor``); default None: one local worker.
+            (see ``planforge.measure.executor``); default None: one slot,
+            measuring on this thread (as does ``local`` with one worker).
             Slots of several device fingerprints (a heterogeneous cluster) tune
             each fingerprint on its own, with the whole ``budget`` each: the
             driver's fingerprint (else the one with the most measurements)
@@ -219,7 +128,11 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         funnel: run the L0 funnel before the search (default True): a task
             with an analytic model is searched among the capacity survivors'
             predicted top-k only, and a proposal whose roofline bound is
-            slower than the best measured is never measured.
+            slower than the best measured is never measured (on every
+            executor: the screen is the tuning loop's).
+        plan_loader: ``f(spec_path, workload) -> callable`` that the result's
+            ``plan`` loads the spec with (the API passes ``planforge.load``'s;
+            default None: ``plan`` says to load the spec by hand).
     """
     t0 = time.perf_counter()
     out_path = Path(out) if out is not None else None
@@ -232,7 +145,7 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         run_id, resumed = db.start_run(workload.name, workload.manifest.key, config, command, resume)
         notes = [] if resumed or not resume else ["nothing to resume with these settings: started a new run"]
         per_task: list[dict[str, TaskResult]] = []
-        closers = [t.backend.close for t in workload.tasks if hasattr(t.backend, "close")]
+        closers = [t.backend.close for t in workload.tasks]
         try:
             for task in workload.tasks:
                 per_task.append(_tune_task(db, run_id, workload, task, strategy, budget, seed, keep,
@@ -264,11 +177,9 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
                 specs[where] = write_spec(build_spec(workload, trs, budget, where), out_path / spec_filename(where))
         db.end_run(run_id, "done" if ok else "failed")
         res = TuneResult(workload, results, spec, specs.get(main), run_id, resumed, rec_path,
-                         time.perf_counter() - t0, notes, target=main, by_target=by_target, specs=specs)
+                         time.perf_counter() - t0, notes, target=main, by_target=by_target, specs=specs,
+                         plan_loader=plan_loader)
         if out_path is not None:  # run.json holds what the spec leaves out (wall times, trials); the report reads it
-            from .report.html import write_report
-            from .report.run import write_run
-
             res.report_path = write_report(write_run(res, out_path, command).parent)
         return res
     finally:
@@ -287,12 +198,12 @@ def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strateg
     driver = task.backend.fingerprint
     strategies: dict[str, Any] = {}
 
-    def strategy_for(target: str):
+    def strategy_for(target: str) -> Strategy:
         # each device fingerprint's search: the same strategy and seed, its own state
         strat = strategies[target] = make_strategy(strategy, space, seed, budget=budget.evals,
                                                    cost_model=task.cost_model, **options)
-        if hasattr(strat, "warm_start"):  # learned models start from this template's earlier runs on this device
-            strat.warm_start(history(db, target, task.key, space.names, exclude_run=run_id))
+        # learned models start from this template's earlier runs on this device (a no-op for the others)
+        strat.warm_start(history(db, target, task.key, space.names, exclude_run=run_id))
         return strat
 
     def cache_for(target: str):  # a resumed run takes each fingerprint's own outcomes
@@ -305,25 +216,20 @@ def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strateg
         if on_trial:
             on_trial(task, trial)
 
-    if executor and (executor.get("kind", "local") != "local" or executor.get("workers", 1) > 1):
-        # slots measure in parallel; each outcome is recorded under the fingerprint of the device that measured it
-        result = search_on(executor, space, strategy_for, task.backend, budget, keep=keep, cache=cache_for,
-                           on_done=record)
-        results = result.by_target or {driver: result}
-    else:
-        strat = strategy_for(driver)
-        cache = cache_for(driver)
-        done = [o.metric for o in cache.values() if o.ok]
-        backend = Screened(task.backend, screen, min(done) if done else None)
-        result = search(space, strat, backend, budget, keep=keep, cache=cache, on_trial=record)
-        results = {driver: result}
+    if executor and executor.get("kind", "local") == "local" and executor.get("workers", 1) <= 1:
+        executor = None  # one local worker: the slot on this thread, measuring the task's backend itself
+    # each outcome is recorded under the fingerprint of the device that measured it; the roofline screen
+    # sits in front of every slot
+    result = search_on(executor, space, strategy_for, task.backend, budget, keep=keep, cache=cache_for,
+                       on_done=record, screen=screen)
+    results = result.by_target or {driver: result}
     main = next(w for w, r in results.items() if r is result)
     # (a cluster that had no slot at all made no strategy: describe the one it would have used)
     return {w: _task_result(task, results[w], strategies.get(w) or strategy_for(w), screen, keep, here=w == driver)
             for w in [main, *(w for w in results if w != main)]}
 
 
-def _task_result(task: Task, result: SearchResult, strat, screen, keep: int, here: bool) -> TaskResult:
+def _task_result(task: Task, result: SearchResult, strat: Strategy, screen, keep: int, here: bool) -> TaskResult:
     """Finalists, libraries and the walk for one device fingerprint's search. Only times of this machine
     (``here``) are re-measured and compared with its libraries: another kind of machine's ranking stands as
     its search measured it."""
@@ -332,7 +238,7 @@ def _task_result(task: Task, result: SearchResult, strat, screen, keep: int, her
         measured = [x for x in result.trials if x.outcome.ok]
         rho = spearman(task.cost_model.predict([x.candidate for x in measured]), [x.outcome.metric for x in measured])
     ranked, baselines = result.ranked, {}
-    if here and hasattr(task.backend, "remeasure") and len(ranked):
+    if here and len(ranked):
         # re-measure the finalists and the libraries interleaved, then choose on those times
         cands = [e.candidate for e in ranked]
         outs, baselines = task.backend.remeasure(cands, rounds=FINALIST_ROUNDS)
@@ -340,7 +246,7 @@ def _task_result(task: Task, result: SearchResult, strat, screen, keep: int, her
         for c, o in zip(cands, outs):
             if o.ok:
                 ranked.insert(o.metric, c, o)
-    elif here and hasattr(task.backend, "baselines"):
+    elif here:
         baselines = task.backend.baselines()
     try:
         walk = walk_finalists(ranked, task.validators, task.peak_bytes)
@@ -349,7 +255,7 @@ def _task_result(task: Task, result: SearchResult, strat, screen, keep: int, her
         walk, err = None, e
     best = result.ranked.best.metric if len(result.ranked) else None
     bound = None
-    if walk is not None and hasattr(task.cost_model, "estimate"):
+    if walk is not None and isinstance(task.cost_model, Analytic):
         bound = task.cost_model.estimate([walk.accepted.candidate]).row(0)
         bound["of_bound"] = walk.accepted.metric / bound["bound_s"] if bound["bound_s"] > 0 else None
         lbs = task.cost_model.lower_bound([e.candidate for e in ranked])
@@ -357,18 +263,3 @@ def _task_result(task: Task, result: SearchResult, strat, screen, keep: int, her
                            for i, (e, b) in enumerate(zip(ranked, lbs), start=1)]
     return TaskResult(task, result, walk, strat.describe(), rho, err, ranked, baselines,
                       screen.stages(result.evaluations, best), bound)
-
-
-class _Callable(type(os)):
-    """``planforge.tune(...)`` is the Python API's tune (``planforge.api.tune``), though ``planforge.tune``
-    is also this module: importing a submodule binds its name on the package, so the module is made callable."""
-
-    def __call__(self, *args, **kwargs):
-        from .api import tune as api_tune
-
-        return api_tune(*args, **kwargs)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _Callable
