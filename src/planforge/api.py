@@ -209,7 +209,13 @@ def tune(workload_or_module, example_inputs=None, target: str | Target | None = 
     out = Path(out) if out is not None else Path("planforge-out") / wl.name
     call = f"planforge.tune({wl.name!r}, budget={budget}, strategy={strategy!r}, seed={seed})"
     return run_tune(wl, strategy=strategy, budget=Budget(evals=budget, seconds=time_budget), seed=seed, keep=keep,
-                    out=out, resume=resume, command=call, executor=executor)
+                    out=out, resume=resume, command=call, executor=executor, plan_loader=load_tuned)
+
+
+def load_tuned(spec_path: Path, workload) -> "LoadedPlan":
+    """The plan a run of ``workload`` chose, from its spec, with the workload's own weights: how
+    ``TuneResult.plan`` loads it (the driver sits below the API, so the API hands it this)."""
+    return load(spec_path, graph=workload.graph)
 
 
 class Compiled:

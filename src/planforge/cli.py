@@ -110,6 +110,7 @@ def tune(
     from .spec import RecordsError, SpecError
     from .targets.cpu.build import CompilerMissing
     from .measure.executor import ExecutorError
+    from .api import load_tuned
     from .tuning import tune as run_tune
     from .workloads import WorkloadError, load_workload
 
@@ -150,7 +151,8 @@ def tune(
             res = run_tune(wl, strategy=strategy, budget=b, seed=seed, keep=keep, out=out, records=records,
                            resume=resume, strategy_options=_typed(_pairs(strategy_option, "--strategy-option")),
                            on_trial=on_trial, command=command,
-                           executor=_executor(executor, ray_address, workers, cores_per_slot), funnel=not no_funnel)
+                           executor=_executor(executor, ray_address, workers, cores_per_slot), funnel=not no_funnel,
+                           plan_loader=load_tuned)
     except ExecutorError as e:
         _fail(str(e))
     except KeyboardInterrupt:

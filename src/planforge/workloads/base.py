@@ -57,9 +57,14 @@ class Task:
 
 @dataclass
 class Workload:
+    """What ``load_workload`` builds: the ``manifest``, the ``tasks`` to tune, a one-line
+    ``description``, and for a whole-model workload its ``graph`` (its weights: what a tuned plan
+    is loaded with; default None: a kernel or table workload)."""
+
     manifest: Manifest
     tasks: list[Task]
     description: str = ""
+    graph: Any = None
 
     @property
     def name(self) -> str:

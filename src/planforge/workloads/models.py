@@ -86,7 +86,7 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     manifest = Manifest(name, shapes=shapes, dtypes={k: graph.dtype for k in shapes},
                         options={**(options or {}), "memory_budget_mb": memory_budget_mb, "seed": seed})
     return Workload(manifest, [task], description=f"{graph.name}: {len(graph.nodes)} ops, "
-                                                   f"{graph.param_bytes() / 1e6:.2f} MB of weights")
+                                                   f"{graph.param_bytes() / 1e6:.2f} MB of weights", graph=graph)
 
 
 def zoo_workload(name: str, memory_budget_mb: float = 1024, seed: int = 0, target: str | Target = "cpu") -> Workload:
