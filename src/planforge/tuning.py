@@ -219,9 +219,10 @@ def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strateg
     if executor and executor.get("kind", "local") == "local" and executor.get("workers", 1) <= 1:
         executor = None  # one local worker: the slot on this thread, measuring the task's backend itself
     # each outcome is recorded under the fingerprint of the device that measured it; the roofline screen
-    # sits in front of every slot
+    # sits in front of every slot; results settle in submission order, so that the same seed gives the same
+    # spec whichever slot is quicker (and, for a strategy that does not adapt, on one slot or many)
     result = search_on(executor, space, strategy_for, task.backend, budget, keep=keep, cache=cache_for,
-                       on_done=record, screen=screen)
+                       on_done=record, screen=screen, ordered=True)
     results = result.by_target or {driver: result}
     main = next(w for w, r in results.items() if r is result)
     # (a cluster that had no slot at all made no strategy: describe the one it would have used)

@@ -1,9 +1,16 @@
 """The tuning loop: strategy.ask -> executor (build, measure) -> strategy.tell, within a budget.
 
 There is one loop, ``search_async``: whenever an executor's slots are free it
-asks the strategy for exactly that many candidates, and it tells the strategy
-each result as it arrives, in whatever order they finish. A slow slot holds
-up only its own candidate. Triage (duplicates, restrictions, an interrupted
+asks the strategy for exactly that many candidates, so a slow slot holds up
+only its own candidate: the others go on measuring. Results are settled
+(counted, recorded, ranked and told to the strategy) as they arrive, or,
+with ``ordered`` (what the tuning driver asks for), in the order their
+candidates were submitted, so that where measurements do not change (a
+table, a recording) the trials, the best-so-far curve and the ranking do not
+depend on which slot finished first. (A strategy that adapts to each result
+still sees batches as wide as the free slots, so its later proposals depend
+on the number of slots; one that does not, random or exhaustive, proposes
+the same candidates on one slot and on many.) Triage (duplicates, restrictions, an interrupted
 run's outcomes, the funnel's roofline screen), the stop rules, the records
 callback and the progress all live here, once. ``search`` is the loop over
 one slot on the caller's thread (``InlineExecutor``), measuring a backend
@@ -20,7 +27,7 @@ two kinds of machine never meet. On a uniform cluster that is one search.
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Union
 
@@ -139,7 +146,10 @@ class _Search:
     dups: int = 0
     stop: str = ""
     exhausted: bool = False
-    inflight: int = 0
+    inflight: int = 0  # submitted and not yet settled (arrived ones waiting for an earlier one included)
+    # (ordered settling) fingerprints in flight in submission order, and results that finished before an earlier one
+    order: deque = field(default_factory=deque)
+    arrived: dict = field(default_factory=dict)
     floor: float | None = None  # the best of an interrupted run's outcomes, for the screen before any is settled
 
     def best(self) -> float | None:
@@ -152,7 +162,7 @@ def search_async(space: Space, strategy: StrategyFor, executor: Executor, budget
                  cache: CacheFor = None, on_trial: Callable[[Trial], None] | None = None,
                  max_idle: int = 10_000, target: float | None = None, default_target: str = "",
                  on_done: Callable[[Trial, str], None] | None = None, poll_s: float = 0.5,
-                 screen: Admission | None = None) -> SearchResult:
+                 screen: Admission | None = None, ordered: bool = False) -> SearchResult:
     """Run a search per device fingerprint on ``executor`` until each has spent its budget or stopped.
 
     Parameters:
@@ -182,6 +192,11 @@ def search_async(space: Space, strategy: StrategyFor, executor: Executor, budget
         screen: asked about each new proposal before it is measured, with the
             best metric so far (of an interrupted run's outcomes too); a
             refusal is a ``rejected`` outcome (default None: measure all).
+        ordered: settle results in the order their candidates were submitted
+            (a result that finished early waits for the earlier ones), so that
+            the same measurements give the same trials whichever slot was
+            quicker (default False: as they arrive, so the strategy hears of
+            each result at once).
         default_target: the driver's device fingerprint: its search is the
             result (else the one with the most measurements).
         on_done: called with each trial and the device fingerprint whose
@@ -276,18 +291,29 @@ def search_async(space: Space, strategy: StrategyFor, executor: Executor, budget
             if fresh:
                 executor.submit(fresh, target=where)
                 s.inflight += len(fresh)
+                if ordered:
+                    s.order.extend(c.fingerprint for c in fresh)
             elif told:
                 again = True  # nothing new in flight: ask again at once
         if again:
             continue
         if executor.pending():
-            told_by: dict[str, list[tuple[Candidate, Outcome]]] = {}
+            ready: dict[str, list] = {}
             for d in executor.poll(poll_s):
-                s = search_for(d.target)
-                s.inflight -= 1
-                told_by.setdefault(d.target, []).append(settle(s, d.candidate, d.outcome, False))
-            for where, told in told_by.items():
-                searches[where].strategy.tell(told)
+                if ordered:
+                    search_for(d.target).arrived[d.candidate.fingerprint] = d
+                else:  # as they arrive
+                    ready.setdefault(d.target, []).append(d)
+            if ordered:
+                # in submission order, whichever slot finished first, so that with measurements that do not
+                # change, the trials, the curve and the ranking (ties go after) do not depend on the slots
+                for where, s in searches.items():
+                    while s.order and s.order[0] in s.arrived:
+                        ready.setdefault(where, []).append(s.arrived.pop(s.order.popleft()))
+            for where, done in ready.items():
+                s = search_for(where)
+                s.inflight -= len(done)
+                s.strategy.tell([settle(s, d.candidate, d.outcome, False) for d in done])
         else:
             for s in searches.values():
                 if not (s.stop or s.exhausted or s.inflight):
