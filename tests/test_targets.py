@@ -183,3 +183,16 @@ def test_a_new_target_plugs_in_with_one_registry_entry(monkeypatch, tmp_path):
     res = tune(wl, strategy="exhaustive", budget=Budget(evals=task.space.size), out=tmp_path, funnel=False)
     assert res.ok and res.spec["target"]["backend"] == "sim"
     assert next(iter(res.spec["tasks"].values()))["latency_s"] == pytest.approx(min(task.backend.table.values()))
+
+
+def test_the_api_takes_a_target(tmp_path):
+    import planforge
+
+    res = planforge.tune("drill", target="table", budget=24, strategy="exhaustive", out=tmp_path)
+    assert res.ok and res.spec["target"]["backend"] == "table"
+    with pytest.raises(ValueError, match="the drill runs on the 'table' target only"):
+        planforge.tune("drill", target="cpu")
+    with pytest.raises(ValueError, match="was built for target table, not 'cpu'"):
+        planforge.tune(load_workload("drill"), target="cpu")
+    with pytest.raises(ValueError, match="target 'cuda' is not available; known targets: cpu, replay, table"):
+        planforge.tune("gemm", target="cuda")
