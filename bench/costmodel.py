@@ -90,6 +90,7 @@ def cpu_samples():
     whole sample, its table backend, the funnel's screen)."""
     from planforge.targets.cpu.probe import get_profile
     from planforge.costmodel.analytic import AnalyticModel
+    from planforge.targets.cpu.target import CpuTarget
     from planforge.costmodel.funnel import Funnel, Subspace
     from planforge.targets.cpu.templates import TEMPLATES, Problem, limits
 
@@ -102,7 +103,7 @@ def cpu_samples():
         full = TEMPLATES[p.op].space(p, limits(prof))
         pts = [(full.make(r["knobs"]), r["metric"]) for r in data["points"] if r["metric"] is not None]
         sample = Subspace(full, [full.to_int(c.index) for c, _ in pts], "not in the measured sample")
-        model = AnalyticModel.for_problem(p, sample, prof)
+        model = AnalyticModel.for_problem(p, sample, CpuTarget(prof))
         screen = Funnel(model, top_k=0.1).screen(sample)
         table = {c.fingerprint: m for c, m in pts}
         yield (f"cpu/{path.stem.split('-', 1)[1]}", screen.space, TableBackend(table),

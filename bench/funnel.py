@@ -40,6 +40,7 @@ import numpy as np
 
 from planforge.targets.cpu.kernel import CpuBackend
 from planforge.targets.cpu.probe import get_profile
+from planforge.targets.cpu.target import CpuTarget
 from planforge.costmodel import kendall, spearman
 from planforge.costmodel.analytic import AnalyticModel
 from planforge.costmodel.columns import index_columns, valid_points
@@ -145,7 +146,7 @@ def analyse(name: str, top_k: float, seed: int = 0) -> dict:
         print(f"warning: {path} was measured on device {data['device']}, this is {prof.fingerprint}", file=sys.stderr)
     p = Problem.from_json(data["problem"])
     space = TEMPLATES[p.op].space(p, limits(prof))
-    model = AnalyticModel.for_problem(p, space, prof)
+    model = AnalyticModel.for_problem(p, space, CpuTarget(prof))
     r = funnel_on_sample(model, space, data["points"], top_k)
     r.update({"shape": name if seed == 0 else f"{name} (seed {seed})", "valid_space": data["valid"],
               "cross_product": data["space"]})

@@ -139,7 +139,9 @@ def test_model_on_a_profile_needs_its_ceilings(profile):
     p = Problem("softmax", (4, 32))
     from planforge.targets.cpu.templates import limits
 
-    m = AnalyticModel.for_problem(p, TEMPLATES["softmax"].space(p, limits(profile)), profile)
+    from planforge.targets.cpu.target import CpuTarget
+
+    m = AnalyticModel.for_problem(p, TEMPLATES["softmax"].space(p, limits(profile)), CpuTarget(profile))
     assert m.ceil.fingerprint == profile.fingerprint and max(m.ceil.rate_bits.values()) == pytest.approx(
         profile.peak_flops_1t)
     with pytest.raises(ValueError, match="no analytic model"):
