@@ -196,3 +196,32 @@ def test_the_api_takes_a_target(tmp_path):
         planforge.tune(load_workload("drill"), target="cpu")
     with pytest.raises(ValueError, match="target 'cuda' is not available; known targets: cpu, replay, table"):
         planforge.tune("gemm", target="cuda")
+
+
+@dataclasses.dataclass
+class GpuSimTarget(SimTarget):
+    """The simulated device, described as a machine no analytic model knows yet."""
+
+    name: str = "gpusim"
+
+    def ceilings(self):
+        return dataclasses.replace(super().ceilings(), kind="gpu")
+
+
+def test_a_target_no_analytic_model_knows_is_searched_without_one(monkeypatch, tmp_path):
+    from planforge.costmodel.analytic import AnalyticModel, analytic_model
+    from planforge.search import Budget
+    from planforge.tuning import tune
+
+    monkeypatch.setitem(TARGETS, "gpusim", f"{__name__}:GpuSimTarget")
+    wl = load_workload("softmax", {"shape": "4,32"}, target="gpusim")
+    task = wl.tasks[0]
+    assert task.cost_model is None and task.backend.name == "sim"
+    t = get_target("gpusim")
+    p = t.problem("softmax", (4, 32))
+    assert analytic_model(p, t.knob_space(p), t) is None
+    with pytest.raises(ValueError, match="no analytic model for a gpu machine"):
+        AnalyticModel.for_problem(p, t.knob_space(p), t)
+    res = tune(wl, strategy="exhaustive", budget=Budget(evals=task.space.size), out=tmp_path)
+    assert res.ok and next(iter(res.spec["tasks"].values()))["latency_s"] == pytest.approx(
+        min(task.backend.table.values()))

@@ -114,9 +114,21 @@ def _codes(col, value) -> np.ndarray:
     return np.asarray(col == value, dtype=bool)
 
 
-def has_model(op: str) -> bool:
-    """Whether the analytic model has a reuse model of the template for ``op``."""
-    return op in _MODELS
+def has_model(op: str, kind: str = "cpu") -> bool:
+    """Whether there is a reuse model of the template for ``op`` on a machine of ``kind``
+    (``Ceilings.kind``; default "cpu", the only kind modelled so far)."""
+    return kind == "cpu" and op in _MODELS
+
+
+def analytic_model(problem, space: Space, target: Target, cold: bool = False) -> "AnalyticModel | None":
+    """The roofline model of ``problem`` over ``space`` on ``target`` (see ``AnalyticModel.for_problem``),
+    or None when there is none: the target hands no ceilings (a table, a recording), or no reuse
+    model knows this op on its kind of machine. A task without one is still searched and its funnel
+    still applies the restrictions."""
+    ceil = target.ceilings()
+    if ceil is None or not has_model(problem.op, ceil.kind):
+        return None
+    return AnalyticModel.for_problem(problem, space, target, cold)
 
 
 class AnalyticModel:
@@ -153,6 +165,8 @@ class AnalyticModel:
         ceil = target.ceilings()
         if ceil is None:
             raise ValueError(f"target {target.name!r} has no analytic ceilings to model {problem.op} with")
+        if ceil.kind != "cpu":
+            raise ValueError(f"no analytic model for a {ceil.kind} machine (target {target.name!r}); known: cpu")
         return cls(problem.op, problem.dims, problem.epilogue, target.flops(problem), ceil, space, cold,
                    ceil.registers)
 

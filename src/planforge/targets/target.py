@@ -47,6 +47,9 @@ class Ceilings:
         launch_s: seconds of one start and join of a team of ``threads`` threads.
         fingerprint: the device's fingerprint (default "").
         registers: vector registers a kernel can keep live (default 16).
+        kind: the machine model these figures describe (default "cpu": cores with SIMD
+            lanes and a cache hierarchy); a cost model applies its reuse models only to
+            ceilings of a kind it knows (a GPU target hands "gpu").
     """
 
     rate_bits: dict[int, float]
@@ -58,6 +61,7 @@ class Ceilings:
     launch_s: float
     fingerprint: str = ""
     registers: int = 16
+    kind: str = "cpu"
 
     # -- compute ---------------------------------------------------------------
     def rate_bound(self, lanes) -> np.ndarray:

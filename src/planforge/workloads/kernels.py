@@ -7,7 +7,7 @@ the best library when the tuned kernel is not within 95% of it.
 """
 from __future__ import annotations
 
-from ..costmodel.analytic import AnalyticModel
+from ..costmodel.analytic import analytic_model
 from ..targets import Target, get_target
 from .base import Manifest, Task, Workload, WorkloadError
 
@@ -34,14 +34,12 @@ def kernel_workload(problem, seed: int = 0, target: str | Target = "cpu") -> Wor
     target = get_target(target)
     space = target.knob_space(problem)
     backend = target.kernel_backend(problem, seed=seed)
-    ceilings = target.ceilings()
     task = Task(
         key=f"{problem.op}_{'x'.join(map(str, problem.dims))}_{problem.epilogue}",
         space=space,
         backend=backend,
         # the roofline model: the L0 funnel, the learned model's features, the proxy diagnostics
-        cost_model=None if ceilings is None else AnalyticModel.for_problem(
-            problem, space, target, cold=target.cold),
+        cost_model=analytic_model(problem, space, target, cold=target.cold),
     )
     shapes = target.input_shapes(problem)
     manifest = Manifest(problem.op, shapes=shapes, dtypes={k: "fp32" for k in shapes},

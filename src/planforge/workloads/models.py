@@ -64,11 +64,10 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     t3 = time.perf_counter()
     def ranker(problem, space):
         """The analytic roofline model of a kernel node ranks its knob settings (fused MLPs have none)."""
-        from ..costmodel.analytic import AnalyticModel, has_model
+        from ..costmodel.analytic import analytic_model
 
-        if not has_model(problem.op) or target.ceilings() is None:
-            return None
-        return AnalyticModel.for_problem(problem, space, target).predict
+        model = analytic_model(problem, space, target)
+        return None if model is None else model.predict
 
     genome = Genome.build(eg, a, allowed, g_choice, knob_space=target.knob_space, defaults=target.default_knobs,
                           ranker=ranker)
