@@ -1,6 +1,6 @@
 """A template whose knob plants a fault: used to prove that faults become outcomes."""
 from planforge.targets.cpu.templates import Template
-from planforge.targets.cpu.templates.common import HEADER
+from planforge.targets.cpu.templates.common import header
 from planforge.targets.cpu.templates.gemv import bind as gemv_bind
 from planforge.space import Space, categorical
 
@@ -18,7 +18,7 @@ BODY = {
 
 
 def source(p, knobs):
-    return HEADER + f"""
+    return header() + f"""
 typedef struct {{ const float *x, *W, *bias; float *y; int N, K, threads; }} gemv_args;
 void pf_gemv(const gemv_args *g) {{
     const float *x = g->x, *W = g->W; float *y = g->y; int N = g->N, K = g->K;
@@ -33,11 +33,10 @@ void pf_gemv(const gemv_args *g) {{
 
 TEMPLATES = {
     "faulty": Template(
-        "faulty", "gemv", ("mode",),
+        "faulty",
         space=lambda p, lim: Space([categorical("mode", MODES), categorical("threads", (1,))]),
         source=source,
         bind=lambda lib, p, k, i, out: gemv_bind(lib, {**k, "w_layout": "row"}, i["x"], i["W"], None, out),
-        features=lambda p, k: {},
         registry="faulty_templates",
     )
 }

@@ -8,7 +8,7 @@ suite would report as a fault not injected).
 """
 import faulty_templates
 from planforge.targets.cpu.templates import Template
-from planforge.targets.cpu.templates.common import HEADER
+from planforge.targets.cpu.templates.common import header
 from planforge.targets.cpu.templates.gemv import bind as gemv_bind
 from planforge.space import Space, categorical
 
@@ -29,7 +29,7 @@ PROLOGUE = {
 
 def source(p, knobs):
     m = knobs["mode"]
-    return HEADER + f"""
+    return header() + f"""
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -48,11 +48,10 @@ void pf_gemv(const gemv_args *g) {{
 
 def template(modes):
     return Template(
-        "faults", "gemv", ("mode",),
+        "faults",
         space=lambda p, lim: Space([categorical("mode", tuple(modes)), categorical("threads", (1,))]),
         source=source,
         bind=lambda lib, p, k, i, out: gemv_bind(lib, {**k, "w_layout": "row"}, i["x"], i["W"], None, out),
-        features=lambda p, k: {},
         registry="faults.fault_templates",
     )
 

@@ -2,9 +2,10 @@
 
 A ``Template`` ties a kernel problem kind (``gemm``, ``gemv``, ``softmax``,
 ``layernorm``, ``eltwise``, ``mlp``) to its knob space and restrictions, its
-first setting, its C source generator and its ctypes binding; the problems'
-inputs, fp64 reference, tolerance, FLOP and byte counts and library
-baselines are in ``problem``. Every template is bound the same way:
+first setting, its C source generator and its ctypes binding. Each template
+module also holds its problem kind's facts (``FACTS``: inputs, fp64
+reference, tolerance, FLOPs, numpy and torch baselines), which ``problem``
+looks up by kind. Every template is bound the same way:
 ``bind(lib, problem, knobs, inputs, out) -> run()``, with ``inputs`` named as
 ``make_inputs`` names them.
 """
@@ -43,9 +44,9 @@ class Template:
 
     name: str
     space: Callable[[Any, Limits], Space]
-    defaults: Callable[[Any, Limits], dict[str, Any]]
     source: Callable[[Any, dict], str]
     bind: Callable[..., Callable[[], None]]
+    defaults: Callable[[Any, Limits], dict[str, Any]] | None = None  # None: each knob's first value
     registry: str = "planforge.targets.cpu.templates"  # module whose TEMPLATES holds it (workers look it up there)
 
     def openmp(self, knobs: dict) -> bool:
@@ -130,7 +131,10 @@ def knob_space(problem, lim: Limits) -> Space:
 
 def default_knobs(problem, lim: Limits) -> dict[str, Any]:
     """The setting a careful engineer would try first (the search starts here, measurements decide)."""
-    return TEMPLATES[problem.op].defaults(problem, lim)
+    t = TEMPLATES[problem.op]
+    if t.defaults is None:
+        return {k.name: k.values[0] for k in t.space(problem, lim).knobs}
+    return t.defaults(problem, lim)
 
 
 __all__ = ["LIBRARIES", "Limits", "MlpProblem", "OPS", "Problem", "ProblemError", "TEMPLATES", "Template",

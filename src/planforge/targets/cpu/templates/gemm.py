@@ -16,10 +16,15 @@ per call, no rebuild): mc, kc, nc, threads, par.
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import Any
+
+import numpy as np
 
 from ....space import Space, categorical, pow2
 from .common import epi_code, header
+from .epilogues import apply_chain, chain_flops, dense_tolerance, numpy_dense, torch_dense
+from .facts import Facts
 
 
 
@@ -237,3 +242,32 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], A, B, bias, C):
         fn(ptr)
 
     return run
+
+
+# -- the gemm problem: C = act(A @ B + bias), A [M, K], B [K, N] ------------------------------------------------------
+
+def _inputs(p, rand):
+    M, N, K = p.dims
+    d = {"A": rand(M, K), "B": rand(K, N) / np.float32(math.sqrt(K))}
+    if p.epilogue != "none":
+        d["bias"] = rand(N)
+    return d
+
+
+def _torch(p, inp, out):
+    import torch
+
+    t = {k: torch.from_numpy(v) for k, v in inp.items()}
+    return torch_dense(t["A"], t["B"], t.get("bias"), torch.from_numpy(out), p.epilogue)
+
+
+FACTS = Facts(
+    inputs=_inputs,
+    output_shape=lambda p: (p.dims[0], p.dims[1]),
+    reference=lambda p, f: apply_chain(f["A"] @ f["B"], p.epilogue, f.get("bias")),
+    tolerance=lambda p, f: dense_tolerance(np.abs(f["A"]) @ np.abs(f["B"]) + np.abs(f.get("bias", 0.0)),
+                                           p.dims[2], p.epilogue),
+    flops=lambda p: 2.0 * p.dims[0] * p.dims[1] * p.dims[2] + chain_flops(p.epilogue) * p.dims[0] * p.dims[1],
+    numpy=lambda p, inp, out: numpy_dense(inp["A"], inp["B"], inp.get("bias"), out, p.epilogue),
+    torch=_torch,
+)

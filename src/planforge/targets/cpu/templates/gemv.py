@@ -11,12 +11,15 @@ Compile-time knobs: vec, jb, ksplit, unroll, w_layout; runtime: threads.
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import Any
 
 import numpy as np
 
 from ....space import Space, categorical
 from .common import epi_code, header
+from .epilogues import apply_chain, chain_flops, dense_tolerance, numpy_dense, torch_dense
+from .facts import Facts
 
 
 
@@ -140,3 +143,32 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, W, bias, y):
         fn(ptr)
 
     return run
+
+
+# -- the gemv problem: y = act(x @ W + bias), x [K], W [K, N] ---------------------------------------------------------
+
+def _inputs(p, rand):
+    N, K = p.dims
+    d = {"x": rand(K), "W": rand(K, N) / np.float32(math.sqrt(K))}
+    if p.epilogue != "none":
+        d["bias"] = rand(N)
+    return d
+
+
+def _torch(p, inp, out):
+    import torch
+
+    t = {k: torch.from_numpy(v) for k, v in inp.items()}
+    return torch_dense(t["x"].unsqueeze(0), t["W"], t.get("bias"), torch.from_numpy(out).unsqueeze(0), p.epilogue)
+
+
+FACTS = Facts(
+    inputs=_inputs,
+    output_shape=lambda p: (p.dims[0],),
+    reference=lambda p, f: apply_chain(f["x"] @ f["W"], p.epilogue, f.get("bias")),
+    tolerance=lambda p, f: dense_tolerance(np.abs(f["x"]) @ np.abs(f["W"]) + np.abs(f.get("bias", 0.0)),
+                                           p.dims[1], p.epilogue),
+    flops=lambda p: 2.0 * p.dims[0] * p.dims[1] + chain_flops(p.epilogue) * p.dims[0],
+    numpy=lambda p, inp, out: numpy_dense(inp["x"], inp["W"], inp.get("bias"), out, p.epilogue),
+    torch=_torch,
+)

@@ -9,14 +9,18 @@ variance: more accurate when the mean is large against the spread).
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import Any
+
+import numpy as np
 
 from ....ops import REGISTRY
 from ....ops.kernel import parse_chain
 from ....ops.layernorm import TEMPLATE_EPS as LN_EPS
 from ....space import Space, categorical
 from .common import header
-
+from .epilogues import U32, apply_chain, chain_flops, numpy_chain, operands, torch_chain
+from .facts import Facts
 
 
 class RowArgs(ctypes.Structure):
@@ -157,3 +161,131 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, y, p0=None, p1=None):
         fn(ptr)
 
     return run
+
+
+# -- the problems: softmax, layernorm and elementwise chains over [rows, cols] ----------------------------------------
+
+def _inputs(p, rand):
+    R, C = p.dims
+    d = {"x": rand(R, C) * (np.float32(3.0) if p.op == "softmax" else np.float32(1.0))}
+    if p.op == "layernorm":
+        d["gamma"] = rand(C)
+        d["beta"] = rand(C)
+        d["x"] += np.float32(2.0)  # a non-zero mean, as activations have
+    if p.op == "eltwise":
+        need = operands(p.epilogue)
+        if "bias" in need:
+            d["bias"] = rand(C)
+        if "residual" in need:
+            d["res"] = rand(R, C)
+    return d
+
+
+def _reference(p, f):
+    x = f["x"]
+    if p.op == "softmax":
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+    if p.op == "layernorm":
+        mu = x.mean(axis=1, keepdims=True)
+        var = ((x - mu) ** 2).mean(axis=1, keepdims=True)
+        return (x - mu) / np.sqrt(var + LN_EPS) * f["gamma"] + f["beta"]
+    return apply_chain(x, p.epilogue, f.get("bias"), f.get("res"))
+
+
+def _tolerance(p, f):
+    """Softmax: a few ulps times the row length's log; layer norm: scaled by the row's mean/std (cancellation);
+    chains: a few ulps of the magnitudes summed."""
+    C = p.dims[1]
+    if p.op == "softmax":
+        return np.full(tuple(p.dims), 64 * U32 * (1 + math.log2(C))) * 1.0
+    if p.op == "layernorm":
+        x = f["x"]
+        rel = x.std(axis=1, keepdims=True)
+        scale = (np.abs(x).max(axis=1, keepdims=True) / np.maximum(rel, 1e-12))
+        return 64 * U32 * (C ** 0.5) * scale * (np.abs(f["gamma"]) * 4 + 1) + 1e-6 + 0 * x
+    mag = np.abs(f["x"]) + (np.abs(f["bias"]) if "bias" in f else 0) + (np.abs(f["res"]) if "res" in f else 0)
+    return 8 * U32 * mag + 1e-6
+
+
+def _flops(p) -> float:
+    R, C = p.dims
+    per = {"softmax": 25, "layernorm": 8}.get(p.op) or chain_flops(p.epilogue)
+    return float(per * R * C)
+
+
+def _numpy(p, inp, out):
+    """The fastest numpy formulation we know: out= everywhere, no temporaries where avoidable."""
+    x = inp["x"]
+    if p.op == "softmax":
+        mx = np.empty((x.shape[0], 1), np.float32)
+        s = np.empty_like(mx)
+
+        def run():
+            np.max(x, axis=1, keepdims=True, out=mx)
+            np.subtract(x, mx, out=out)
+            np.exp(out, out=out)
+            np.sum(out, axis=1, keepdims=True, out=s)
+            np.divide(out, s, out=out)
+
+        return run
+    if p.op == "layernorm":
+        g, b = inp["gamma"], inp["beta"]
+        mu = np.empty((x.shape[0], 1), np.float32)
+        var = np.empty_like(mu)
+
+        def run():
+            np.mean(x, axis=1, keepdims=True, out=mu)
+            np.subtract(x, mu, out=out)
+            np.mean(np.square(out), axis=1, keepdims=True, out=var)
+            np.add(var, LN_EPS, out=var)
+            np.sqrt(var, out=var)
+            np.divide(out, var, out=out)
+            np.multiply(out, g, out=out)
+            np.add(out, b, out=out)
+
+        return run
+    chain = numpy_chain(p.epilogue, out, inp.get("bias"), inp.get("res"))
+
+    def run():
+        np.copyto(out, x)
+        chain()
+
+    return run
+
+
+def _torch(p, inp, out):
+    import torch
+
+    t = {k: torch.from_numpy(v) for k, v in inp.items()}
+    o = torch.from_numpy(out)
+    x = t["x"]
+    if p.op == "softmax":
+        def run():
+            with torch.inference_mode():
+                torch.softmax(x, dim=1, out=o)
+
+        return run
+    if p.op == "layernorm":
+        C = p.dims[1]
+        F = torch.nn.functional
+
+        def run():
+            with torch.inference_mode():
+                o.copy_(F.layer_norm(x, (C,), t["gamma"], t["beta"], LN_EPS))
+
+        return run
+    steps = torch_chain(p.epilogue, {"bias": t.get("bias"), "residual": t.get("res")})
+
+    def run():
+        with torch.inference_mode():
+            y = x
+            for f, operand in steps:
+                y = f(y, operand)
+            o.copy_(y)
+
+    return run
+
+
+FACTS = Facts(inputs=_inputs, output_shape=lambda p: tuple(p.dims), reference=_reference, tolerance=_tolerance,
+              flops=_flops, numpy=_numpy, torch=_torch)
