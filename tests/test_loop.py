@@ -296,6 +296,17 @@ def test_strategy_modules_register_nothing_on_import():
     assert "planforge.search.registry" not in _imports(SRC / "search" / "strategies.py")
 
 
+def test_strategies_that_take_seed_candidates_say_so():
+    from planforge.search import STRATEGIES
+
+    for name, cls in STRATEGIES.items():
+        assert cls.takes_initial == ("initial" in inspect.signature(cls.__init__).parameters), name
+    space = load_workload("drill").tasks[0].space
+    seeds = list(space.enumerate())[5:7]
+    assert make_strategy("genetic", space, 0, initial=seeds).ask(2) == seeds  # proposed first
+    make_strategy("random", space, 0, initial=seeds)  # left out: random takes none (no TypeError)
+
+
 def test_a_backend_without_the_protocol_is_a_clear_error():
     from planforge.measure.executor import ExecutorError, make_executor
 

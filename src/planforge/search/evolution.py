@@ -44,6 +44,7 @@ class ModelGuided(Strategy):
     """
 
     name = "model"
+    takes_initial = True
 
     def __init__(self, space: Space, seed: int = 0, cost_model=None, batch: int = 8, population: int = 512,
                  generations: int = 4, epsilon: float = 0.1, exhaustive_limit: int = 4096, min_fit: int = 8,

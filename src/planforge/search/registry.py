@@ -2,12 +2,11 @@
 
 The registry lists the strategies explicitly: no strategy module registers
 itself when imported, so importing one module never changes what another
-finds, and the strategy modules import ``strategies`` only (never each other
-in a circle).
+finds, and the strategy modules import one way (each imports ``strategies``;
+the portfolio imports the strategies it can run as arms; only this module
+imports them all).
 """
 from __future__ import annotations
-
-import inspect
 
 from ..costmodel.funnel import Analytic
 from ..space import Space, SpaceError
@@ -61,6 +60,6 @@ def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = N
         options.setdefault("k", budget or 3)
         return ProxyTopK(space, seed, cost_model=cost_model, **options)
     cls = STRATEGIES[name]
-    if "initial" in options and "initial" not in inspect.signature(cls.__init__).parameters:
+    if "initial" in options and not cls.takes_initial:
         options.pop("initial")  # this strategy takes no seed candidates
     return cls(space, seed, **options)

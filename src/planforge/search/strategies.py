@@ -31,6 +31,9 @@ class Strategy:
     """
 
     name = "strategy"
+    # whether the strategy takes seed candidates to propose first (``initial=``, e.g. a graph's extracted plans);
+    # ``make_strategy`` leaves them out for one that does not
+    takes_initial = False
 
     def __init__(self, space: Space, seed: int = 0, max_duplicates: int = 50):
         self.space = space
@@ -160,6 +163,7 @@ class Genetic(Strategy):
     """
 
     name = "genetic"
+    takes_initial = True
 
     def __init__(self, space: Space, seed: int = 0, population: int = 8, parents: int = 4,
                  mutation: float = 0.3, initial: Sequence[Candidate] = (), **kw):
