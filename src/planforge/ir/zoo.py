@@ -31,23 +31,45 @@ def drill_mlp() -> Graph:
 def transformer_block(seq: int = 32, width: int = 256, heads: int = 4, mlp: int = 4) -> Graph:
     """A pre-LayerNorm transformer block at batch 1: attention (``heads`` heads) and a GELU MLP, both residual."""
     b = GraphBuilder(f"transformer-block-s{seq}-d{width}")
-    dh = width // heads
+    return b.output(_block(b, b.input("x", (seq, width)), seq, width, heads, mlp, ""))
+
+
+def transformer(layers: int = 6, seq: int = 24, width: int = 256, heads: int = 4, mlp: int = 4, seed: int = 0) -> Graph:
+    """``layers`` pre-LayerNorm blocks in a row (each with its own weights) and a final LayerNorm."""
+    b = GraphBuilder(f"transformer-l{layers}-s{seq}-d{width}", seed=seed)
     x = b.input("x", (seq, width))
-    h = b.op("layernorm", x, b.vector("ln1.g", width, 0.1, 1.0), b.vector("ln1.b", width), eps=1e-5)
+    for i in range(layers):
+        x = _block(b, x, seq, width, heads, mlp, f"h{i}.")
+    return b.output(b.op("layernorm", x, b.vector("lnf.g", width, 0.1, 1.0), b.vector("lnf.b", width), eps=1e-5))
+
+
+def residual_mlp(blocks: int = 50, width: int = 256, batch: int = 8, seed: int = 0) -> Graph:
+    """``blocks`` residual blocks ``x + W2 relu(W1 layernorm(x))``: a deep network's shape without convolutions."""
+    b = GraphBuilder(f"residual-mlp-{blocks}x{width}", seed=seed)
+    x = b.input("x", (batch, width))
+    for i in range(blocks):
+        h = b.op("layernorm", x, b.vector(f"b{i}.g", width, 0.1, 1.0), b.vector(f"b{i}.be", width), eps=1e-5)
+        h = b.linear(b.linear(h, width, width, f"b{i}.fc1", act="relu"), width, width, f"b{i}.fc2")
+        x = b.op("add", x, h)
+    return b.output(x)
+
+
+def _block(b: GraphBuilder, x: str, seq: int, width: int, heads: int, mlp: int, pre: str) -> str:
+    dh = width // heads
+    h = b.op("layernorm", x, b.vector(pre + "ln1.g", width, 0.1, 1.0), b.vector(pre + "ln1.b", width), eps=1e-5)
 
     def heads_of(t: str, perm: tuple[int, ...]) -> str:
         return b.op("transpose", b.op("reshape", t, shape=(seq, heads, dh)), perm=perm)
 
-    q = heads_of(b.linear(h, width, width, "attn.q"), (1, 0, 2))      # [H, S, D]
-    k = heads_of(b.linear(h, width, width, "attn.k"), (1, 2, 0))      # [H, D, S]
-    v = heads_of(b.linear(h, width, width, "attn.v"), (1, 0, 2))      # [H, S, D]
+    q = heads_of(b.linear(h, width, width, pre + "attn.q"), (1, 0, 2))      # [H, S, D]
+    k = heads_of(b.linear(h, width, width, pre + "attn.k"), (1, 2, 0))      # [H, D, S]
+    v = heads_of(b.linear(h, width, width, pre + "attn.v"), (1, 0, 2))      # [H, S, D]
     p = b.op("softmax", b.op("scale", b.op("matmul", q, k), factor=dh ** -0.5))
     ctx = b.op("reshape", b.op("transpose", b.op("matmul", p, v), perm=(1, 0, 2)), shape=(seq, width))
-    x = b.op("add", x, b.linear(ctx, width, width, "attn.o"))
-    h = b.op("layernorm", x, b.vector("ln2.g", width, 0.1, 1.0), b.vector("ln2.b", width), eps=1e-5)
-    h = b.op("gelu", b.linear(h, width, mlp * width, "mlp.fc"), approximate="tanh")
-    x = b.op("add", x, b.linear(h, mlp * width, width, "mlp.proj"))
-    return b.output(x)
+    x = b.op("add", x, b.linear(ctx, width, width, pre + "attn.o"))
+    h = b.op("layernorm", x, b.vector(pre + "ln2.g", width, 0.1, 1.0), b.vector(pre + "ln2.b", width), eps=1e-5)
+    h = b.op("gelu", b.linear(h, width, mlp * width, pre + "mlp.fc"), approximate="tanh")
+    return b.op("add", x, b.linear(h, mlp * width, width, pre + "mlp.proj"))
 
 
 ZOO: dict[str, Callable[[], Graph]] = {

@@ -1,0 +1,61 @@
+"""Partition: a model cut at values that alone carry its state, parts keyed by structure (identical layers: one task)."""
+import numpy as np
+
+from planforge.ir import GraphBuilder
+from planforge.ir.zoo import policy_mlp, residual_mlp, transformer
+from planforge.rewrite.partition import cut_points, partition, structural_key
+
+
+def run_parts(part, xs):
+    """Evaluate the parts one after another, feeding each the source values it reads."""
+    env = dict(zip(part.graph.inputs, xs))
+    for p in part.parts:
+        outs = p.graph.evaluate(*[env[i] for i in p.inputs])
+        env.update(zip(p.outputs, outs))
+    return [env[o] for o in part.graph.outputs]
+
+
+def test_identical_layers_share_a_key_and_the_parts_compute_the_model():
+    g = transformer(layers=4, seq=6, width=16, heads=2)
+    part = partition(g)
+    assert len(part.parts) == 8 and len(part.keys) == 3  # attention half, MLP half, and the last MLP half + final LN
+    weights = sorted(len(v) for v in part.keys.values())
+    assert weights == [1, 3, 4]
+    xs = g.example_inputs(3)
+    np.testing.assert_allclose(run_parts(part, xs)[0], g.evaluate(*xs)[0], rtol=1e-12, atol=1e-12)
+    # each part reads only its own weights, and every weight of the model is read by exactly one part
+    seen = [p for q in part.parts for p in q.params]
+    assert sorted(seen) == sorted(g.params) and len(seen) == len(set(seen))
+
+
+def test_keys_differ_when_a_shape_or_an_attribute_differs():
+    def layer(width=8, eps=1e-5, act="relu", seed=0):
+        b = GraphBuilder("l", seed=seed)
+        x = b.input("x", (2, width))
+        h = b.op("layernorm", x, b.vector("g", width), b.vector("b", width), eps=eps)
+        return b.output(b.op("add", x, b.linear(h, width, width, "fc", act=act)))
+
+    base = structural_key(layer())
+    assert structural_key(layer(seed=5)) == base            # other weights, same structure
+    assert structural_key(layer(width=16)) != base          # a shape
+    assert structural_key(layer(eps=1e-6)) != base          # an attribute
+    assert structural_key(layer(act="gelu")) != base        # an op
+
+
+def test_small_graphs_stay_whole_and_say_why():
+    part = partition(policy_mlp(1))
+    assert len(part.parts) == 1 and "kept whole" in part.reason
+    g = residual_mlp(blocks=6, width=8, batch=2)
+    assert len(partition(g, whole_below=1000).parts) == 1
+    cut = partition(g, whole_below=0)
+    assert len(cut.parts) == 6 and len(cut.keys) == 1 and cut.dedupe == 6.0 and "cut at 5 values" in cut.reason
+
+
+def test_a_value_still_needed_later_is_never_a_cut():
+    b = GraphBuilder("skip", seed=0)
+    x = b.input("x", (2, 4))
+    h1 = b.op("relu", x)
+    h2 = b.op("relu", h1)
+    y = b.op("add", h2, x)  # x is live across h1 and h2: no cut before the add
+    g = b.output(b.op("relu", y))
+    assert cut_points(g) == [2]
