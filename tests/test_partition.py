@@ -59,3 +59,37 @@ def test_a_value_still_needed_later_is_never_a_cut():
     y = b.op("add", h2, x)  # x is live across h1 and h2: no cut before the add
     g = b.output(b.op("relu", y))
     assert cut_points(g) == [2]
+
+
+def test_one_plan_per_task_runs_every_instance_chained(profile):
+    """The plan tuned on a task's first part runs each other part of that task on its own weights."""
+    from planforge.rewrite import saturate
+    from planforge.rewrite.analysis import analyse, estimate
+    from planforge.rewrite.extract import greedy, usable
+    from planforge.space.genome import Genome
+    from planforge.targets.cpu.plan import ChainPlan, Plan, rebind
+
+    g = transformer(layers=3, seq=6, width=16, heads=2)
+    part = partition(g, whole_below=0)
+    programs = {}
+    for key, idx in part.keys.items():
+        rep = part.parts[idx[0]]
+        eg = saturate(rep.graph, ["epilogue", "layout", "algebra"])
+        a = analyse(eg, rep.graph)
+        allowed = usable(eg, {c: [n.id for n in ns if n.executable and n.impl not in ("tmpl", "fused")]
+                              for c, ns in eg.classes.items()})
+        costs = {nid: estimate(a, eg.node(nid), profile) for ns in allowed.values() for nid in ns}
+        genome = Genome.build(eg, a, allowed, greedy(eg, costs, allowed), knob_space=lambda p: None,
+                              defaults=lambda p: {})
+        programs[key] = (rep, genome.program({}))
+    chain = []
+    for p in part.parts:
+        rep, prog = programs[p.key]
+        names = {**dict(zip(rep.inputs, p.inputs)), **dict(zip(rep.params, p.params))}
+        chain.append((Plan(p.graph, rebind(prog, names), {}, {}), p.inputs, p.outputs))
+    plan = ChainPlan(g, chain)
+    xs = g.example_inputs(2)
+    ref = g.evaluate(*xs)[0]
+    out = plan(*xs)[0]
+    assert np.abs(out - ref).max() < 1e-4 * (1 + np.abs(ref).max())
+    assert plan(*xs)[0] is not out  # fresh arrays per call

@@ -247,6 +247,15 @@ class Plan:
             f()
         return [o.copy() for o in self._out]
 
+    def feed(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """``run_on`` returning the output views themselves (valid until the plan runs again): for chaining."""
+        for (_, view), x in zip(self._in, inputs):
+            if view is not None:
+                view[...] = x
+        for f in self.steps:
+            f()
+        return self._out
+
     def single(self) -> Callable[[np.ndarray], np.ndarray]:
         """For a one-input, one-output plan: ``f(x) -> y`` with everything bound (no checks)."""
         view = self._in[0][1]
@@ -272,6 +281,55 @@ class Plan:
         """Arena plus weights (and their packed copies): what the plan holds while it runs."""
         params = sum(v.nbytes for v in self.constants.values())
         return 4 * self.arena_floats + params + self.packed_bytes
+
+
+def rebind(program: list[dict], names: dict[str, str]) -> list[dict]:
+    """``program`` with its leaves' input and parameter names renamed by ``names``: the plan of one part run on
+    another instance of the same structure (another layer's weights)."""
+    out = []
+    for s in program:
+        if s["op"] in ("T.input", "T.param", "T.param_t") and s["args"][0] in names:
+            s = {**s, "args": [names[s["args"][0]], *s["args"][1:]]}
+        out.append(s)
+    return out
+
+
+class ChainPlan:
+    """A partitioned model's plan: one ``Plan`` per part, in order, each fed the values earlier parts produced.
+
+    Parameters:
+        graph: the whole model (its inputs and outputs name the chain's).
+        parts: per part, in source order, ``(plan, inputs, outputs)``: its ``Plan`` and the source value names
+            it reads and produces (``rewrite.partition.Part``)."""
+
+    def __init__(self, graph: Graph, parts: list[tuple["Plan", list[str], list[str]]]):
+        self.graph = graph
+        self.parts = [(p, tuple(ins), tuple(outs)) for p, ins, outs in parts]
+        self._names = list(graph.inputs)
+        self._outputs = list(graph.outputs)
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        if len(inputs) != len(self._names):
+            raise PlanError(f"the plan takes {len(self._names)} inputs ({', '.join(self._names)}), got {len(inputs)}")
+        for name, x in zip(self._names, inputs):
+            want = tuple(self.graph.inputs[name])
+            if tuple(np.shape(x)) != want:
+                raise PlanError(f"input {name!r} has shape {tuple(np.shape(x))}; the plan was tuned for {want}")
+        return [np.array(o, copy=True) for o in self.run_on(*inputs)]
+
+    def run_on(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        env: dict[str, np.ndarray] = dict(zip(self._names, inputs))
+        for plan, ins, outs in self.parts:
+            env.update(zip(outs, plan.feed(*[env[i] for i in ins])))
+        return [env[o] for o in self._outputs]
+
+    def single(self) -> Callable[[np.ndarray], np.ndarray]:
+        run = self.run_on
+        return lambda x: np.array(run(x)[0], copy=True)
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(p.peak_bytes for p, _, _ in self.parts)
 
 
 def peak_bytes_of(program: list[dict], graph: Graph) -> int:
