@@ -183,6 +183,10 @@ class Emitter:
 
     # -- lowerings -------------------------------------------------------------------------------------------------
 
+    def axis(self, axis: int, rank: int) -> int:
+        """``axis`` of a rank-``rank`` tensor made non-negative; an unsupported-op error when out of range."""
+        return self._axis(axis, rank)
+
     def _axis(self, axis: int, rank: int) -> int:
         if not -rank <= axis < max(rank, 1):
             raise self.unsupported(f"axis {axis} is out of range for rank {rank}")
@@ -243,6 +247,10 @@ class Emitter:
             if np.all(flat == flat[0]):
                 return float(flat[0])
         return None
+
+    def const(self, value: np.ndarray, hint: str) -> "Const":
+        """A value known at import time (it becomes a parameter named after ``hint`` where a node reads it)."""
+        return Const(np.asarray(value), hint)
 
     def unavailable(self, what: str) -> "Unavailable":
         """A value the framework computes but the IR does not (an op's second output); using it is an error."""
@@ -324,37 +332,6 @@ class Emitter:
                 raise self.unsupported(f"matmul of {sa} and {sb} broadcasts batch dimensions; the IR needs equal "
                                        f"batch dimensions or a 2-D right operand")
         return self.node("matmul", [a, b], name)
-
-    def softmax(self, x: Value, axis: int, name: str) -> Value:
-        rank = len(self.shape(x))
-        axis = self._axis(axis, rank)
-        if axis == rank - 1:
-            return self.node("softmax", [x], name)
-        perm = list(range(rank))
-        perm[axis], perm[-1] = perm[-1], perm[axis]        # a swap is its own inverse
-        y = self.node("softmax", [self.transpose(x, perm, name + ".in")], name + ".last")
-        return self.transpose(y, perm, name)
-
-    def layernorm(self, x: Value, n_axes: int, gamma: Value | None, beta: Value | None, eps: float,
-                  name: str) -> Value:
-        """Normalise over the last ``n_axes`` axes; several axes become one by a reshape sandwich."""
-        s = self.shape(x)
-        if not 1 <= n_axes <= len(s):
-            raise self.unsupported(f"normalises over {n_axes} trailing axes of a rank-{len(s)} tensor")
-        inner = s[len(s) - n_axes:]
-        n = math.prod(inner)
-        affine = []
-        for v, fill, what in ((gamma, 1.0, "weight"), (beta, 0.0, "bias")):
-            if v is None:
-                v = Const(np.full(n, fill, np.float32), f"{name}.{what}")
-            if self.shape(v) != inner:
-                raise self.unsupported(f"layer norm {what} has shape {self.shape(v)}, expected {inner}")
-            affine.append(self.reshape(v, (n,), name + "." + what))
-        lead = s[:len(s) - n_axes]
-        back = (*lead, n) != s
-        flat = self.reshape(x, (*lead, n), name + ".flat")
-        y = self.node("layernorm", [flat, *affine], name + ".ln" if back else name, eps=float(eps))
-        return self.reshape(y, s, name)
 
     def concat(self, xs: Sequence[Value], axis: int, name: str) -> Value:
         if not xs:

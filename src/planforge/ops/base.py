@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -42,6 +42,47 @@ def keep_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
 
 def elementwise_flops(per: float) -> Callable[[Sequence[Shape], Shape, Attrs], float]:
     return lambda shapes, out, attrs: per * math.prod(out)
+
+
+class Emitter(Protocol):
+    """What an op's importer mapping (``Op.torch``, ``Op.onnx``) may call: the importers' ``ir.frontend.Emitter``.
+
+    Values are runtime IR value names or constants known at import time; every
+    lowering helper folds constants itself and checks shapes with the ops'
+    rules, and ``unsupported(reason)`` is the error to raise (it names the
+    framework op and where it sits)."""
+
+    def shape(self, v: Any) -> Shape: ...
+
+    def node(self, op: str, inputs: Sequence[Any], name: str, **attrs) -> str: ...
+
+    def unsupported(self, reason: str = "") -> Exception: ...
+
+    def unavailable(self, what: str) -> Any: ...
+
+    def const(self, value: np.ndarray, hint: str) -> Any: ...
+
+    def const_ints(self, v: Any, what: str) -> list[int]: ...
+
+    def uniform(self, c: Any) -> float | None: ...
+
+    def axis(self, axis: int, rank: int) -> int: ...
+
+    def add(self, a: Any, b: Any, name: str, alpha: float = 1.0) -> Any: ...
+
+    def mul(self, a: Any, b: Any, name: str) -> Any: ...
+
+    def scale(self, x: Any, factor: float, name: str) -> Any: ...
+
+    def matmul(self, a: Any, b: Any, name: str) -> Any: ...
+
+    def transpose(self, x: Any, perm: Sequence[int], name: str) -> Any: ...
+
+    def transposed_weight(self, w: Any, name: str) -> Any: ...
+
+    def reshape(self, x: Any, shape: Sequence[int], name: str) -> Any: ...
+
+    def concat(self, xs: Sequence[Any], axis: int, name: str) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -112,7 +153,7 @@ class Op:
         epilogue: how an elementwise template applies the op (None: it cannot).
         flops: ``flops(input_shapes, out_shape, attrs)`` (default 1 per output element).
         view: no work at run time (a reshape is a view of its input).
-        torch: ATen overload packet name -> ``lower(em, node, args, kwargs)``.
+        torch: ATen overload packet name -> ``lower(em, node, args, kwargs)`` (``em``: an ``Emitter``).
         onnx: ONNX op type -> ``lower(em, node, inputs, attrs, opset)``.
         tolerance_terms: how many accumulation terms the op adds to a plan's
             error bound (``tolerance_terms(input_shapes)``; default none).

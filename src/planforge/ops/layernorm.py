@@ -64,16 +64,38 @@ def _rules(E, v):
         E("bias", E("mul", E("normalize", v.x, attr=v.s), v.g), v.b))]}
 
 
+def lower(em, x, n_axes: int, gamma, beta, eps: float, name: str):
+    """Normalise over the last ``n_axes`` axes; several axes become one by a reshape sandwich; a missing
+    gamma or beta is ones or zeros."""
+    s = em.shape(x)
+    if not 1 <= n_axes <= len(s):
+        raise em.unsupported(f"normalises over {n_axes} trailing axes of a rank-{len(s)} tensor")
+    inner = s[len(s) - n_axes:]
+    n = math.prod(inner)
+    affine = []
+    for v, fill, what in ((gamma, 1.0, "weight"), (beta, 0.0, "bias")):
+        if v is None:
+            v = em.const(np.full(n, fill, np.float32), f"{name}.{what}")
+        if em.shape(v) != inner:
+            raise em.unsupported(f"layer norm {what} has shape {em.shape(v)}, expected {inner}")
+        affine.append(em.reshape(v, (n,), name + "." + what))
+    lead = s[:len(s) - n_axes]
+    back = (*lead, n) != s
+    flat = em.reshape(x, (*lead, n), name + ".flat")
+    y = em.node("layernorm", [flat, *affine], name + ".ln" if back else name, eps=float(eps))
+    return em.reshape(y, s, name)
+
+
 def _torch_layer_norm(em, node, a, kw):
     x, ns = a[0], a[1]
     w = kw.get("weight", a[2] if len(a) > 2 else None)
     b = kw.get("bias", a[3] if len(a) > 3 else None)
     eps = kw.get("eps", a[4] if len(a) > 4 else 1e-5)
-    return em.layernorm(x, len(ns), w, b, eps, node.name)
+    return lower(em, x, len(ns), w, b, eps, node.name)
 
 
 def _torch_native(em, node, a, kw):
-    y = em.layernorm(a[0], len(a[1]), a[2], a[3], a[4], node.name)
+    y = lower(em, a[0], len(a[1]), a[2], a[3], a[4], node.name)
     return (y, em.unavailable("layer norm's mean"), em.unavailable("layer norm's reciprocal std"))
 
 
@@ -84,7 +106,7 @@ def _onnx(em, node, ins, at, opset):
     if not -rank <= axis < rank:
         raise em.unsupported(f"axis {axis} is out of range for rank {rank}")
     n_axes = rank - axis % rank
-    y = em.layernorm(x, n_axes, ins[1], ins[2] if len(ins) > 2 else None, at.get("epsilon", 1e-5), node.output[0])
+    y = lower(em, x, n_axes, ins[1], ins[2] if len(ins) > 2 else None, at.get("epsilon", 1e-5), node.output[0])
     return (y, em.unavailable("layer norm's mean"), em.unavailable("layer norm's inverse std"))
 
 

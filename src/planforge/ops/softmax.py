@@ -49,18 +49,30 @@ def _rules(E, v):
     return {"algebra": [rewrite(E("softmax", v.x)).to(E("div_rowsum", E("exp_shifted", v.x)))]}
 
 
+def lower(em, x, axis: int, name: str):
+    """softmax over ``axis``: over the last axis directly, over another between two swaps of it with the last."""
+    rank = len(em.shape(x))
+    axis = em.axis(axis, rank)
+    if axis == rank - 1:
+        return em.node("softmax", [x], name)
+    perm = list(range(rank))
+    perm[axis], perm[-1] = perm[-1], perm[axis]        # a swap is its own inverse
+    y = em.node("softmax", [em.transpose(x, perm, name + ".in")], name + ".last")
+    return em.transpose(y, perm, name)
+
+
 def _torch(em, node, a, kw):
-    return em.softmax(a[0], int(kw.get("dim", a[1])), node.name)
+    return lower(em, a[0], int(kw.get("dim", a[1])), node.name)
 
 
 def _onnx(em, node, ins, at, opset):
     x, name = ins[0], node.output[0]
     if opset >= 13:
-        return em.softmax(x, int(at.get("axis", -1)), name)
+        return lower(em, x, int(at.get("axis", -1)), name)
     s = em.shape(x)
     axis = int(at.get("axis", 1)) % max(len(s), 1)     # before opset 13: over all axes from `axis` on, jointly
     flat = em.reshape(x, (math.prod(s[:axis]), math.prod(s[axis:])), name + ".flat")
-    y = em.softmax(flat, -1, name if flat is x else name + ".2d")
+    y = lower(em, flat, -1, name if flat is x else name + ".2d")
     return em.reshape(y, s, name)
 
 
