@@ -2,7 +2,7 @@
 
 ``get_profile()`` returns the DeviceProfile of the machine it runs on: facts
 read from the OS (CPU model, ISA flags, cores, cache sizes, memory) and
-ceilings measured by small C kernels built with ``kernels.build`` (peak fp32
+ceilings measured by small C kernels built with ``targets.cpu.build`` (peak fp32
 FLOP/s, read and copy bandwidth per memory level, the cost of one call into a
 compiled kernel). Roofline ceilings elsewhere in planforge come from here,
 never from constants.
