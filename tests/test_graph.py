@@ -2,6 +2,8 @@
 import math
 
 import numpy as np
+
+from planforge.targets.cpu.target import ceilings_of
 import pytest
 
 from planforge.targets.cpu.graph import tolerance
@@ -90,7 +92,7 @@ def test_rule_sets_preserve_semantics(make, profile):
     a = analyse(eg, g)
     allowed = usable(eg, {c: [n.id for n in ns if n.executable and n.id not in a.unavailable and n.impl != "tmpl"
                                and n.impl != "fused"] for c, ns in eg.classes.items()})
-    costs = {nid: estimate(a, eg.node(nid), profile) for ns in allowed.values() for nid in ns}
+    costs = {nid: estimate(a, eg.node(nid), ceilings_of(profile)) for ns in allowed.values() for nid in ns}
     fb = greedy(eg, costs, allowed)
     genome = Genome.build(eg, a, allowed, fb, knob_space=lambda p: None, defaults=lambda p: {})
     xs = g.example_inputs(7)
@@ -145,7 +147,7 @@ def test_ilp_never_worse_than_greedy(name, profile):
                           for c, ns in eg.classes.items()})
     rng = np.random.default_rng(1)
     for trial in range(3):  # the model's costs, then random costs
-        costs = {nid: (estimate(a, eg.node(nid), profile) if trial == 0 else float(rng.random()))
+        costs = {nid: (estimate(a, eg.node(nid), ceilings_of(profile)) if trial == 0 else float(rng.random()))
                  for ns in allowed.values() for nid in ns}
         gch = greedy(eg, costs, allowed)
         ich, how = ilp(eg, costs, allowed, time_limit=20)

@@ -1,6 +1,8 @@
 """Partition: a model cut at values that alone carry its state, parts keyed by structure (identical layers: one task)."""
 import numpy as np
 
+from planforge.targets.cpu.target import ceilings_of
+
 from planforge.ir import GraphBuilder
 from planforge.ir.zoo import policy_mlp, residual_mlp, transformer
 from planforge.rewrite.partition import cut_points, partition, structural_key
@@ -78,7 +80,7 @@ def test_one_plan_per_task_runs_every_instance_chained(profile):
         a = analyse(eg, rep.graph)
         allowed = usable(eg, {c: [n.id for n in ns if n.executable and n.impl not in ("tmpl", "fused")]
                               for c, ns in eg.classes.items()})
-        costs = {nid: estimate(a, eg.node(nid), profile) for ns in allowed.values() for nid in ns}
+        costs = {nid: estimate(a, eg.node(nid), ceilings_of(profile)) for ns in allowed.values() for nid in ns}
         genome = Genome.build(eg, a, allowed, greedy(eg, costs, allowed), knob_space=lambda p: None,
                               defaults=lambda p: {})
         programs[key] = (rep, genome.program({}))

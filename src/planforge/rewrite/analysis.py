@@ -18,12 +18,13 @@ from ..ops import LIBRARIES, REGISTRY, MlpProblem, Problem
 from .egraph import EClassGraph, ENode
 
 
-class Ceilings(Protocol):
-    """What the estimate needs from a device profile: seconds per call, peak FLOP/s, bandwidth per level."""
+class Roofline(Protocol):
+    """What the estimate needs of a device (``targets.Ceilings`` has it): seconds per kernel call, all-thread
+    peak FLOP/s, and the bandwidth operands stream at."""
 
-    call_overhead_s: float
-    peak_flops_all: float
-    bandwidth: dict[str, dict[str, float]]
+    call_s: float
+    peak_flops: float
+    stream_bandwidth: float
 
 
 def op_of(n: ENode):
@@ -147,13 +148,13 @@ def analyse(eg: EClassGraph, g: Graph) -> Analysis:
     return a
 
 
-def estimate(a: Analysis, n: ENode, profile: Ceilings) -> float:
+def estimate(a: Analysis, n: ENode, device: Roofline) -> float:
     """Seconds one e-node costs per run, by roofline plus call overhead (0 for leaves and views)."""
     if n.impl in ("leaf", "layers"):
         return 0.0
-    call = profile.call_overhead_s
-    peak = profile.peak_flops_all
-    bw = profile.bandwidth.get("L2", profile.bandwidth.get("DRAM", {})).get("read", 1e10)
+    call = device.call_s
+    peak = device.peak_flops
+    bw = device.stream_bandwidth
     if n.impl == "fused":
         layers = a.problem(n).layers
         flops = sum(2.0 * k * m for k, m, _ in layers)
@@ -183,4 +184,4 @@ def estimate(a: Analysis, n: ENode, profile: Ceilings) -> float:
     return passes * call + max(flops / peak, byts / bw)
 
 
-__all__ = ["Analysis", "Ceilings", "analyse", "estimate", "op_of"]
+__all__ = ["Analysis", "Roofline", "analyse", "estimate", "op_of"]

@@ -63,6 +63,17 @@ class Ceilings:
     registers: int = 16
     kind: str = "cpu"
 
+    # -- the plain roofline of a whole node (what the e-graph's extraction estimates read) --------------------
+    @property
+    def peak_flops(self) -> float:
+        """All-thread FLOP/s at the widest measured vectors."""
+        return max(self.rate_bits.values()) * self.speedup
+
+    @property
+    def stream_bandwidth(self) -> float:
+        """All-thread read bandwidth of the level a node's operands stream from (L2 where measured, else DRAM)."""
+        return self.bw.get("L2", self.bw["DRAM"])["read"][1]
+
     # -- compute ---------------------------------------------------------------
     def rate_bound(self, lanes) -> np.ndarray:
         """One-thread FLOP/s no code of ``lanes``-wide vectors can exceed: the

@@ -17,7 +17,7 @@ from ..rewrite import Limits, saturate
 from ..rewrite.analysis import analyse, estimate
 from ..rewrite.extract import greedy, ilp, prune_memory, usable
 from ..space.genome import Genome
-from ..targets import Target, get_target
+from ..targets import Target, TargetError, get_target
 from ..validate import MemoryBudget
 from .base import Manifest, Task, Workload
 
@@ -46,7 +46,6 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
         target: a target name or a ``Target`` (default "cpu"): its templates, profile and plan backend.
     """
     target = get_target(target)
-    profile = target.profile()
     budget = int(memory_budget_mb * 2**20)
     t0 = time.perf_counter()
     eg = saturate(graph, _rulesets(graph), Limits(nodes=node_limit))
@@ -56,7 +55,10 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     node_bytes = {nid: a.out_bytes(eg.node(nid)) + a.workspace_bytes(eg.node(nid))
                   for ns in allowed.values() for nid in ns}
     allowed, pruned = prune_memory(eg, allowed, node_bytes, budget)
-    costs = {nid: estimate(a, eg.node(nid), profile) for ns in allowed.values() for nid in ns}
+    device = target.ceilings()
+    if device is None:
+        raise TargetError(f"target {target.name!r} has no device ceilings: it cannot plan a whole model")
+    costs = {nid: estimate(a, eg.node(nid), device) for ns in allowed.values() for nid in ns}
     t1 = time.perf_counter()
     g_choice = greedy(eg, costs, allowed)
     t2 = time.perf_counter()
