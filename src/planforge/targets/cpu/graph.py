@@ -120,10 +120,10 @@ class GraphBackend:
     timing: TimingConfig = field(default_factory=TimingConfig)
     seed: int = 0
     memory_limit: int | None = None
-    cpus: tuple[int, ...] | None = None
-    pin_cores = True  # plans run on this node's cores: executors give each slot its own
     timeout: AdaptiveTimeout = field(default_factory=AdaptiveTimeout)
     name: str = "cpu"
+    cpus: tuple[int, ...] | None = None
+    pin_cores = True  # plans run on this node's cores: executors give each slot its own
 
     def __post_init__(self):
         self.fingerprint = self.profile.fingerprint
@@ -172,6 +172,8 @@ class GraphBackend:
                 "program": program, "libs": libs, "problems": problems, "timing": self.timing.to_json()}
 
     def _run(self, job: dict) -> Outcome:
+        return measure_isolated(self.worker, run_plan_job, job, self.timeout)
+
     def factory(self):
         """A picklable ``f(cpus) -> GraphBackend`` measuring plans of the same
         genome on the same graph wherever it is called (executors make one per
@@ -188,8 +190,6 @@ class GraphBackend:
     def measure_built(self, candidate: Candidate, lib: tuple[dict, dict, list]) -> Outcome:
         """Measure ``candidate`` from its built parts ``lib`` (program, libraries, problems; see ``plan_parts``)."""
         return self._run(self._job("plan", *lib))
-
-        return measure_isolated(self.worker, run_plan_job, job, self.timeout)
 
     def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
         outs = []
@@ -228,6 +228,8 @@ class GraphBackend:
                 else:
                     failed["numpy"] = o
         res = {k: failed.get(k) or Outcome.measured(times[k]) for k in keys}
+        return [res[c.fingerprint] for c in candidates], {"numpy": res["numpy"]}
+
     def program(self, candidate: Candidate) -> list[dict]:
         """The program the genome extracts for ``candidate``: what the spec records and ``planforge run`` executes."""
         return self.genome.program(candidate.as_dict())
@@ -239,12 +241,12 @@ class GraphBackend:
     def device_profile(self) -> dict:
         return self.profile.to_dict()
 
-        return [res[c.fingerprint] for c in candidates], {"numpy": res["numpy"]}
-
     def plan_parts(self, c: Candidate) -> tuple[dict, dict, list] | Outcome:
         """(program, libs, problems) of a candidate, building what it needs."""
         return self._built.get(c.fingerprint) or self._build([c])[0]
 
+    def close(self) -> None:
+        self.worker.close()
 
 
 def graph_work(graph: Graph) -> dict[str, float]:
@@ -274,5 +276,3 @@ def _remote_graph_backend(graph: Graph, genome, profile, timing: dict, seed: int
         profile = get_profile(quick=True)
     return GraphBackend(graph, genome, profile, TimingConfig(**timing), seed, memory_limit, AdaptiveTimeout(*timeout),
                         cpus=cpus)
-    def close(self) -> None:
-        self.worker.close()
