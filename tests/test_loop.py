@@ -247,6 +247,25 @@ def test_drill_and_replay_give_the_same_spec_on_ray(tmp_path, ray_cluster):
     assert one.ok and _spec(two) == _spec(one)
 
 
+def _two_slot_model_run(tmp_path, executor):
+    """The default model workload tuned on two slots: it finishes, writes a spec, and every measurement ran
+    in a slot's own copy of the graph backend (made through its factory) under this machine's fingerprint."""
+    wl = load_workload("policy-mlp")
+    res = tune(wl, budget=Budget(evals=4), seed=0, out=tmp_path, executor=executor)
+    assert res.ok and res.spec_path.exists() and "program" in res.spec["tasks"]["graph"]
+    run = res.tasks[0].result
+    assert run.executor["slots"] == 2 and run.executor["targets"] == {wl.tasks[0].backend.fingerprint: 2}
+    assert run.counts["measured"] >= 1 and run.evaluations == 4
+
+
+def test_the_default_model_tunes_with_two_local_workers(tmp_path, profile):
+    _two_slot_model_run(tmp_path, {"kind": "local", "workers": 2})
+
+
+def test_the_default_model_tunes_on_ray(tmp_path, profile, ray_cluster):
+    _two_slot_model_run(tmp_path, {"kind": "ray", "slots": 2})
+
+
 # -- the API function and one-way imports ---------------------------------------------------------------
 def test_planforge_tune_is_the_api_function_even_after_the_driver_is_imported():
     import planforge
