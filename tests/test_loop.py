@@ -88,8 +88,16 @@ def test_graph_backend_copies_through_its_factory_with_the_same_plans(profile):
             assert copy.fingerprint == be.fingerprint and copy.cpus is not None
             for c in task.seeds:  # the genome travels whole: every copy extracts the same program
                 assert copy.program(c) == be.program(c)
-            assert be.builder() is None  # a plan's libraries are built by the slot that measures it
             assert be.work()["flops"] > 0 and be.device_profile()["fingerprint"] == be.fingerprint
+            # the build stage builds apart from the slots and ships a plan's libraries by content
+            build = pickle.loads(pickle.dumps(be.builder()))
+            seed = task.seeds[0]
+            parts = build([seed])[0]
+            assert not isinstance(parts, Outcome) and parts[0] == be.program(seed)
+            program, libs, problems = build.install(pickle.loads(pickle.dumps(build.pack(parts))))
+            assert program == parts[0] and libs == parts[1] and all(Path(p).exists() for p in libs.values())
+            o = copy.measure_built(seed, (program, libs, problems))
+            assert o.ok, o.message
         finally:
             copy.close()
     finally:

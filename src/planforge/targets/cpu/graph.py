@@ -16,7 +16,7 @@ import numpy as np
 
 from ...ir import Graph
 from ...ir.graph import apply_op
-from .build import build_many
+from .build import artifact, build_many, install
 from .templates import TEMPLATES
 from .templates import mlp as mlp_template
 from ...measure import AdaptiveTimeout, TimingConfig, Worker, time_fn
@@ -182,13 +182,15 @@ class GraphBackend:
         return partial(_remote_graph_backend, self.graph, self.genome, self.profile, self.timing.to_json(),
                        self.seed, self.memory_limit, (t.factor, t.lo, t.hi))
 
-    def builder(self) -> None:
-        """None: a plan's steps are several libraries, built by the slot that
-        measures it (in parallel, through the node's build cache), not split off."""
-        return None
+    def builder(self) -> "GraphBuild":
+        """The executors' build stage: builds a plan's template steps in
+        whichever thread, process or node calls it, into that node's build
+        cache, so that a measuring slot only measures (``measure_built``)."""
+        return GraphBuild(self.factory())
 
     def measure_built(self, candidate: Candidate, lib: tuple[dict, dict, list]) -> Outcome:
         """Measure ``candidate`` from its built parts ``lib`` (program, libraries, problems; see ``plan_parts``)."""
+        self._built[candidate.fingerprint] = lib
         return self._run(self._job("plan", *lib))
 
     def measure(self, candidates: Sequence[Candidate]) -> list[Outcome]:
@@ -247,6 +249,43 @@ class GraphBackend:
 
     def close(self) -> None:
         self.worker.close()
+
+
+@dataclass
+class GraphBuild:
+    """The build stage of a GraphBackend (a ``planforge.measure.executor.BuildStage``):
+    ``make`` is the backend's factory, called once per process that builds, so
+    that a build thread or a Ray build actor builds plans exactly as the
+    backend does. A built plan is its parts (program, library path per step,
+    problems); it travels to another node with each library's cache name and
+    bytes."""
+
+    make: Any
+    _backend: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:
+        return {"make": self.make}  # a copy builds with a backend of its own process
+
+    def __setstate__(self, state: dict) -> None:
+        self.make, self._backend = state["make"], None
+
+    def __call__(self, candidates: Sequence[Candidate]) -> list[tuple[dict, dict, list] | Outcome]:
+        if self._backend is None:  # (its worker process is started only to measure, never here)
+            self._backend = self.make(None)
+        return self._backend._build(candidates)
+
+    def device(self) -> str:
+        from .kernel import node_device
+
+        return node_device()
+
+    def pack(self, lib: tuple[dict, dict, list]) -> tuple[dict, dict, list]:
+        program, libs, problems = lib
+        return program, {cls: artifact(path) for cls, path in libs.items()}, problems
+
+    def install(self, packed: tuple[dict, dict, list]) -> tuple[dict, dict, list]:
+        program, libs, problems = packed
+        return program, {cls: str(install(*art)) for cls, art in libs.items()}, problems
 
 
 def graph_work(graph: Graph) -> dict[str, float]:
