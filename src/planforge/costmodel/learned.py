@@ -26,6 +26,7 @@ from scipy import stats
 
 from ..space import Candidate, Space, SpaceError
 from .columns import columns
+from .funnel import Analytic
 from .metrics import kendall, spearman, top_k_recall
 
 MAX_GRADE = 30  # LightGBM's default label_gain has 31 entries: labels 0..30
@@ -64,8 +65,9 @@ class LearnedRanker:
 
     Parameters:
         space: the space whose candidates it ranks.
-        analytic: a model with ``estimate(candidates)`` and ``features_of``
-            (``AnalyticModel``); None: knob values only.
+        analytic: an ``Analytic`` model (``costmodel.funnel.Analytic``: its
+            ``estimate`` and ``features_of`` give the features); None: knob
+            values only.
         seed: seeds LightGBM (default 0).
         rounds: boosting rounds (default 100); leaves: leaves per tree
             (default 15); min_fit: measured points needed before the first
@@ -74,7 +76,7 @@ class LearnedRanker:
 
     name = "lightgbm-lambdarank"
 
-    def __init__(self, space: Space, analytic=None, seed: int = 0, rounds: int = 100, leaves: int = 15,
+    def __init__(self, space: Space, analytic: Analytic | None = None, seed: int = 0, rounds: int = 100, leaves: int = 15,
                  min_fit: int = 8, learning_rate: float = 0.1):
         import lightgbm  # noqa: F401  (fail here, clearly, when it is missing)
 
