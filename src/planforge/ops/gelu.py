@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .base import Epilogue, Library, Op, keep_shape
+from .base import Epilogue, Library, Op, elementwise_flops, keep_shape
 from .kernel import eltwise_kernel
 
 C0, C1 = 0.7978845608028654, 0.044715  # sqrt(2/pi) and the cubic coefficient of the tanh form
@@ -87,6 +87,7 @@ OPS = [Op(
     egg_attr=lambda attrs: attrs.get("approximate", "tanh"),
     from_egg=lambda s: {"approximate": s or "tanh"},
     templated=True,
+    flops=elementwise_flops(12),
     kernel=eltwise_kernel("gelu"),
     epilogue=Epilogue("v = vgelu(v);", "v = s_gelu(v);", flops=12, attr="tanh", torch=_torch_gelu),
     torch={"gelu": _torch},

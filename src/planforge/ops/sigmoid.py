@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Epilogue, Library, Op, keep_shape
+from .base import Epilogue, Library, Op, elementwise_flops, keep_shape
 from .kernel import eltwise_kernel
 
 
@@ -30,6 +30,7 @@ OPS = [Op(
     "sigmoid", 1, keep_shape, reference,
     library={"sigmoid": Library(_step)},
     templated=True,
+    flops=elementwise_flops(4),
     kernel=eltwise_kernel("sigmoid"),
     epilogue=Epilogue("v = 1.0f / (1.0f + vexp(-v));", "v = 1.0f / (1.0f + expf(-v));", flops=4,
                       torch=lambda v, _: v.sigmoid()),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Epilogue, Library, Op, keep_shape
+from .base import Epilogue, Library, Op, elementwise_flops, keep_shape
 from .kernel import eltwise_kernel
 
 
@@ -38,6 +38,7 @@ OPS = [Op(
     "silu", 1, keep_shape, reference,
     library={"silu": Library(_step)},
     templated=True,
+    flops=elementwise_flops(5),
     kernel=eltwise_kernel("silu"),
     epilogue=Epilogue("v = v / (1.0f + vexp(-v));", "v = v / (1.0f + expf(-v));", flops=5,
                       torch=lambda v, _: v * v.sigmoid()),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Epilogue, Library, Op, keep_shape, ufunc_step
+from .base import Epilogue, Library, Op, elementwise_flops, keep_shape, ufunc_step
 from .kernel import eltwise_kernel
 
 OPS = [Op(
@@ -11,6 +11,7 @@ OPS = [Op(
     reference=lambda a, attrs: np.tanh(a[0]),
     library={"tanh": Library(ufunc_step(np.tanh))},
     templated=True,
+    flops=elementwise_flops(5),
     kernel=eltwise_kernel("tanh"),
     # 1 - 2 / (exp(2x) + 1): saturates to +-1 where exp's argument is clamped, never inf/inf
     epilogue=Epilogue("v = 1.0f - 2.0f / (vexp(2.0f * v) + 1.0f);", "v = tanhf(v);", flops=5,

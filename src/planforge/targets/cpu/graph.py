@@ -16,9 +16,9 @@ import numpy as np
 
 from ...ir import Graph
 from ...ir.graph import apply_op
+from ...ops import REGISTRY
 from .build import artifact, build_many, install
 from .templates import TEMPLATES
-from .templates import mlp as mlp_template
 from ...measure import AdaptiveTimeout, TimingConfig, Worker, time_fn
 from ...outcome import Outcome
 from ...measure.isolated import LOG_LIMIT, measure_isolated
@@ -30,8 +30,6 @@ _prepared: dict[str, Any] = {}
 
 
 def template_source(problem, knobs: dict) -> tuple[str, bool]:
-    if isinstance(problem, tuple):
-        return mlp_template.source(problem, knobs), knobs.get("threads", 1) > 1
     t = TEMPLATES[problem.op]
     return t.source(problem, knobs), t.openmp(knobs)
 
@@ -40,8 +38,8 @@ def tolerance(graph: Graph, ref: list[np.ndarray]) -> float:
     """Absolute tolerance for fp32 plans: 8 u times the summed reduction lengths of the
     graph's matmuls (its error grows with them), scaled by the output's magnitude."""
     shapes = graph.shapes()
-    ktot = sum(shapes[n.inputs[0]][-1] for n in graph.nodes if n.op in ("matmul", "linear")) or 1
-    ktot += sum(shapes[n.inputs[0]][-1] for n in graph.nodes if n.op in ("softmax", "layernorm"))
+    terms = [(REGISTRY[n.op].tolerance_terms, n) for n in graph.nodes if REGISTRY[n.op].tolerance_terms]
+    ktot = sum(f([shapes[i] for i in n.inputs]) for f, n in terms) or 1
     scale = 1.0 + max(float(np.abs(r).max()) for r in ref)
     return 8.0 * ktot * U32 * scale
 
@@ -293,13 +291,7 @@ def graph_work(graph: Graph) -> dict[str, float]:
     import math
 
     shapes = graph.shapes()
-    flops = 0.0
-    for n in graph.nodes:
-        out = math.prod(shapes[n.output])
-        if n.op in ("matmul", "linear"):
-            flops += 2.0 * out * shapes[n.inputs[0]][-1]
-        elif n.op not in ("transpose", "reshape", "concat"):
-            flops += out
+    flops = sum(REGISTRY[n.op].flops([shapes[i] for i in n.inputs], shapes[n.output], n.attrs) for n in graph.nodes)
     moved = sum(math.prod(s) for s in graph.inputs.values()) + sum(math.prod(shapes[o]) for o in graph.outputs)
     return {"flops": flops, "bytes": 4.0 * moved + float(graph.param_bytes())}
 
