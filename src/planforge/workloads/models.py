@@ -46,6 +46,9 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
         target: a target name or a ``Target`` (default "cpu"): its templates, profile and plan backend.
     """
     target = get_target(target)
+    device = target.ceilings()  # (measures the device on first use: before the clock starts)
+    if device is None:
+        raise TargetError(f"target {target.name!r} has no device ceilings: it cannot plan a whole model")
     budget = int(memory_budget_mb * 2**20)
     t0 = time.perf_counter()
     eg = saturate(graph, _rulesets(graph), Limits(nodes=node_limit))
@@ -55,9 +58,6 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     node_bytes = {nid: a.out_bytes(eg.node(nid)) + a.workspace_bytes(eg.node(nid))
                   for ns in allowed.values() for nid in ns}
     allowed, pruned = prune_memory(eg, allowed, node_bytes, budget)
-    device = target.ceilings()
-    if device is None:
-        raise TargetError(f"target {target.name!r} has no device ceilings: it cannot plan a whole model")
     costs = {nid: estimate(a, eg.node(nid), device) for ns in allowed.values() for nid in ns}
     t1 = time.perf_counter()
     g_choice = greedy(eg, costs, allowed)
