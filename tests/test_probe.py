@@ -95,11 +95,19 @@ def test_fields_present_and_positive(prof):
 def test_bandwidth_ordered(prof):
     for all_threads in (True, False):
         read = {lvl: prof.bw(lvl, "read", all_threads) for lvl in pr.LEVELS}
-        assert read["L1"] >= read["L2"] >= read["DRAM"], read
+        if all_threads:
+            # An all-thread number the probe flagged (another process had a CPU in every run) is only its
+            # one-thread number: on a shared machine it cannot be ordered against a level measured on every
+            # thread. The order is checked among the rest; a quiet machine flags none.
+            read = {lvl: r for lvl, r in read.items()
+                    if not any(f"{lvl} read on {prof.threads} threads" in n for n in prof.notes)}
+        chain = [read[lvl] for lvl in ("L1", "L2", "DRAM") if read.get(lvl) is not None]
+        assert chain == sorted(chain, reverse=True), read
         # An L3 shared with other tenants (a cloud VM: 105 MiB on the host, two cores of it ours) holds
         # little of its buffer, so its rate can come out as DRAM's, a few percent either side in a quick
         # probe: the order is asserted only beyond that noise.
-        assert read["L3"] is None or read["L3"] >= 0.85 * read["DRAM"], read
+        if read.get("L3") is not None and "DRAM" in read:
+            assert read["L3"] >= 0.85 * read["DRAM"], read
 
 
 def test_peak_scales_with_threads(prof):
