@@ -196,3 +196,52 @@ def test_unknown_isa_is_a_clear_error(monkeypatch):
     if "__AVX512F__" not in _native_macros():
         with pytest.raises(IsaError, match="no AVX-512"):
             build("int f(void){return 1;}", isa="avx512")
+
+
+def _fake_cc(path, native, refuses=(), ignores_off=False):
+    """A compiler that predefines ``native`` under -march=native, drops a macro for each -mno-X flag
+    (unless ``ignores_off``) and rejects the flags in ``refuses``, as an older compiler rejects newer ones."""
+    import sys
+
+    path.write_text(f"""#!{sys.executable}
+import sys
+args = sys.argv[1:]
+if "--version" in args:
+    print("fakecc 1.0"); sys.exit(0)
+bad = [a for a in args if a in {list(refuses)!r}]
+if bad:
+    print("fakecc: error: unrecognized command-line option " + bad[0], file=sys.stderr); sys.exit(1)
+macros = set({sorted(native)!r})
+if not {ignores_off!r}:
+    for a in args:
+        if a.startswith("-mno-avx512") or a == "-mno-avx10.1":
+            macros = {{m for m in macros if not m.startswith(("__AVX512", "__AVX10"))}}
+        if a.startswith("-mno-amx"):
+            macros = {{m for m in macros if not m.startswith("__AMX")}}
+for m in sorted(macros):
+    print("#define " + m + " 1")
+""")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_isa_flags_with_any_compiler(tmp_path):
+    """The flag logic on made-up compilers and CPUs: portable, whatever this machine has."""
+    from planforge.targets.cpu.build import IsaError, isa_flags
+
+    zen5 = {"__AVX2__", "__FMA__", "__AVX512F__", "__AVX512BW__", "__AMX_TILE__"}
+    old = _fake_cc(tmp_path / "oldcc", zen5, refuses=("-mno-avx10.1", "-mno-amx-fp16"))
+    flags = isa_flags("avx2", old)
+    assert "-mno-avx512f" in flags and "-mno-amx-tile" in flags  # what it knows is kept ...
+    assert "-mno-avx10.1" not in flags and "-mno-amx-fp16" not in flags  # ... what it refuses is dropped
+    assert isa_flags("avx512", old) == () and isa_flags("native", old) == ()
+    zen3 = _fake_cc(tmp_path / "zen3cc", {"__AVX2__", "__FMA__"})
+    assert "-mno-avx512f" in isa_flags("avx2", zen3)
+    with pytest.raises(IsaError, match="PLANFORGE_ISA=avx512, but this CPU has no AVX-512"):
+        isa_flags("avx512", zen3)
+    sse = _fake_cc(tmp_path / "ssecc", {"__SSE2__"})
+    with pytest.raises(IsaError, match="PLANFORGE_ISA=avx2, but this CPU has no AVX2 and FMA"):
+        isa_flags("avx2", sse)
+    stubborn = _fake_cc(tmp_path / "stubborncc", zen5, ignores_off=True)
+    with pytest.raises(IsaError, match=r"cannot turn AVX-512 off.*still defines __AMX_TILE__, __AVX512BW__"):
+        isa_flags("avx2", stubborn)
