@@ -101,13 +101,17 @@ def test_bandwidth_ordered(prof):
             # thread. The order is checked among the rest; a quiet machine flags none.
             read = {lvl: r for lvl, r in read.items()
                     if not any(f"{lvl} read on {prof.threads} threads" in n for n in prof.notes)}
-        chain = [read[lvl] for lvl in ("L1", "L2", "DRAM") if read.get(lvl) is not None]
-        assert chain == sorted(chain, reverse=True), read
-        # An L3 shared with other tenants (a cloud VM: 105 MiB on the host, two cores of it ours) holds
-        # little of its buffer, so its rate can come out as DRAM's, a few percent either side in a quick
-        # probe: the order is asserted only beyond that noise.
-        if read.get("L3") is not None and "DRAM" in read:
-            assert read["L3"] >= 0.85 * read["DRAM"], read
+        read = {lvl: r for lvl, r in read.items() if r is not None}
+        # Levels far apart are ordered strictly: every cache reads faster than DRAM, L2 faster than L3.
+        for hi, lo in (("L1", "DRAM"), ("L2", "DRAM"), ("L2", "L3")):
+            assert hi not in read or lo not in read or read[hi] >= read[lo], read
+        # Neighbours can be close, and then a quick probe on a shared machine puts either first: 256-bit
+        # loads (PLANFORGE_ISA=avx2 on a Sapphire Rapids) read L1 at 64 B/cycle, what L2 delivers; an L3
+        # shared with other tenants (a cloud VM: 105 MiB on the host, two cores of it ours) holds little of
+        # its buffer and reads as DRAM does (0.8-1.26x over 20 probes of such a VM). Those are ordered
+        # beyond that noise only.
+        for hi, lo, noise in (("L1", "L2", 0.8), ("L3", "DRAM", 0.7)):
+            assert hi not in read or lo not in read or read[hi] >= noise * read[lo], read
 
 
 def test_peak_scales_with_threads(prof):
