@@ -170,7 +170,8 @@ def runners(name: str, plan, g: Graph, xs):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=int, default=32, help="plans measured per model (default 32)")
-    ap.add_argument("--models", default=",".join(ZOO))
+    ap.add_argument("--models", default="policy-mlp,policy-mlp-b64,drill-mlp,transformer-block",
+                    help=f"comma-separated zoo models (known: {', '.join(ZOO)})")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()

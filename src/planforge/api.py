@@ -44,7 +44,8 @@ def load(spec_path: str | os.PathLike, check_device: bool = True, graph=None,
     nothing about this one."""
     spec = load_spec(spec_path)
     task = spec["tasks"].get("graph")
-    if task is None or "program" not in task:
+    chained = "partition" in spec and all("program" in t for t in spec["tasks"].values())
+    if not chained and (task is None or "program" not in task):
         raise PlanMismatch(f"{spec_path}: not a graph plan (tasks: {', '.join(spec['tasks'])}); "
                            "tune a model workload to get a runnable plan")
     tuned_on = spec["target"]["backend"]
@@ -64,23 +65,31 @@ def load(spec_path: str | os.PathLike, check_device: bool = True, graph=None,
     if want != spec["manifest"]["shapes"]:
         raise PlanMismatch(f"{spec_path}: the workload's inputs {want} no longer match the spec's "
                            f"{spec['manifest']['shapes']}")
-    return LoadedPlan(spec, graph, task, tgt)
+    return LoadedPlan(spec, graph, None if chained else task, tgt)
 
 
 class LoadedPlan:
     """Call with the graph's inputs (numpy arrays, or torch tensors on the CPU) in order.
 
     Built by ``load``: ``target`` compiles the spec's ``task`` (its program, or the library
-    baseline when the spec fell back to it) for ``graph``."""
+    baseline when the spec fell back to it) for ``graph``; ``task`` None: a partitioned spec,
+    whose parts' plans are chained (``endtoend.chain_from_spec``)."""
 
-    def __init__(self, spec: dict, graph, task: dict, target: Target):
+    def __init__(self, spec: dict, graph, task: dict | None, target: Target):
         self.spec, self.graph, self.target = spec, graph, target
-        self.fallback = task.get("fallback")
+        self.fallback = task.get("fallback") if task is not None else None
         self._signature = [(tuple(spec["manifest"]["shapes"][n]), np.dtype(np.float32)) for n in graph.inputs]
         try:
-            self.plan = target.plan(graph, None if self.fallback else task["program"])
+            if task is None:
+                from .endtoend import chain_from_spec
+
+                self.plan = chain_from_spec(spec, graph, target)
+            else:
+                self.plan = target.plan(graph, None if self.fallback else task["program"])
         except TargetError as e:
             raise PlanMismatch(str(e)) from None
+        except ValueError as e:  # the graph does not cut into the spec's parts
+            raise PlanMismatch(f"{e}") from None
         self._fn = self.plan
         self._fast = self.plan.run_on
         self._one = None

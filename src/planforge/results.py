@@ -95,6 +95,7 @@ class TuneResult:
     by_target: dict[str, list[TaskResult]] = field(default_factory=dict)
     specs: dict[str, Path] = field(default_factory=dict)  # the spec written per device fingerprint
     plan_loader: PlanLoader | None = None  # what ``plan`` loads the spec with (``tune(plan_loader=...)``)
+    end_to_end: Any = None  # the whole plan's figures (``endtoend.EndToEnd``) for a partitioned model, else None
 
     @property
     def plan(self):

@@ -86,10 +86,13 @@ def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
     return d
 
 
-def build_spec(workload: Workload, tasks: list[TaskResult], budget: Budget, target: str | None = None) -> dict[str, Any]:
-    """The spec of ``tasks`` as tuned on device ``target`` (default: the first task's backend's)."""
+def build_spec(workload: Workload, tasks: list[TaskResult], budget: Budget, target: str | None = None,
+               e2e=None) -> dict[str, Any]:
+    """The spec of ``tasks`` as tuned on device ``target`` (default: the first task's backend's); ``e2e``: the
+    whole plan's end-to-end figures (``endtoend.EndToEnd``) of a partitioned model, whose task-level decisions
+    then say what each task runs."""
     backend = tasks[0].task.backend
-    return {
+    spec = {
         "schema_version": SCHEMA_VERSION,
         "planforge_version": __version__,
         "manifest": {**workload.manifest.to_json(), "key": workload.manifest.key},
@@ -97,6 +100,18 @@ def build_spec(workload: Workload, tasks: list[TaskResult], budget: Budget, targ
         "toolchain": toolchain(),
         "tasks": {tr.task.key: task_spec(tr, budget) for tr in tasks},
     }
+    if workload.partition is not None:
+        from .endtoend import partition_json
+
+        spec["partition"] = partition_json(workload)
+    if e2e is not None:
+        spec["end_to_end"] = e2e.to_json()
+        for key, d in e2e.decisions.items():  # the task-level 95% rule overrides the per-task one
+            t = spec["tasks"][key]
+            t["task_level"] = d
+            t["selected"] = d["decision"]
+            t["fallback"] = None if d["decision"] == "tuned" else {"to": d["decision"], "reason": d["reason"]}
+    return spec
 
 
 def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(evals=64), seed: int = 0,
@@ -166,7 +181,15 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
             for where, tr in d.items():
                 by_target.setdefault(where, []).append(tr)
         ok = all(r.walk is not None for r in results)
-        spec = build_spec(workload, results, budget, main) if ok else None
+        e2e = None
+        if ok and workload.partition is not None and workload.target is not None:
+            # the task-level objective: the whole plan, chained from every task's choice, measured end to end
+            from .endtoend import end_to_end
+            from .workloads.objective import Objective
+
+            e2e, _ = end_to_end(workload, results, Objective.parse(workload.manifest.options.get("objective")),
+                                workload.target, seed)
+        spec = build_spec(workload, results, budget, main, e2e) if ok else None
         specs = {main: write_spec(spec, out_path / spec_filename())} if (spec and out_path) else {}
         for where, trs in by_target.items():  # the other kinds of machine of a heterogeneous cluster
             if where == main:
@@ -178,7 +201,7 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         db.end_run(run_id, "done" if ok else "failed")
         res = TuneResult(workload, results, spec, specs.get(main), run_id, resumed, rec_path,
                          time.perf_counter() - t0, notes, target=main, by_target=by_target, specs=specs,
-                         plan_loader=plan_loader)
+                         plan_loader=plan_loader, end_to_end=e2e)
         if out_path is not None:  # run.json holds what the spec leaves out (wall times, trials); the report reads it
             res.report_path = write_report(write_run(res, out_path, command).parent)
         return res

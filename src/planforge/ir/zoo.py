@@ -77,4 +77,6 @@ ZOO: dict[str, Callable[[], Graph]] = {
     "policy-mlp-b64": lambda: policy_mlp(64),
     "drill-mlp": drill_mlp,
     "transformer-block": transformer_block,
+    "transformer-6": lambda: transformer(6),        # six blocks, d=256, sequence 24: tuned as tasks (two kinds)
+    "residual-mlp-50": lambda: residual_mlp(50),    # fifty identical residual blocks: one task of weight 50
 }

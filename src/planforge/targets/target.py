@@ -161,7 +161,9 @@ class RunnablePlan(Protocol):
     """A plan built for a device, called on a graph's inputs (numpy arrays) in order.
 
     ``plan(*inputs)`` checks the inputs' shapes; ``run_on(*inputs)`` trusts
-    them (the caller checked); both return the outputs as fresh arrays.
+    them (the caller checked); both return the outputs as fresh arrays;
+    ``feed(*inputs)`` is ``run_on`` returning the plan's own output buffers,
+    valid until its next call (a chain of plans hands them on without a copy).
     ``output_classes`` names the outputs; ``single()`` is the hot path of a
     one-input, one-output plan: ``f(x) -> y`` with everything bound."""
 
@@ -170,6 +172,8 @@ class RunnablePlan(Protocol):
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]: ...
 
     def run_on(self, *inputs: np.ndarray) -> list[np.ndarray]: ...
+
+    def feed(self, *inputs: np.ndarray) -> list[np.ndarray]: ...
 
     def single(self) -> Callable[[np.ndarray], np.ndarray]: ...
 

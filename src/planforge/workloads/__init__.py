@@ -5,6 +5,8 @@ import inspect
 from typing import Any, Callable
 
 from ..targets import Target
+from ..ir import ZOO
+from ..rewrite.partition import WHOLE_BELOW
 from .base import Manifest, Task, Workload, WorkloadError
 from .drill import drill
 from .kernels import eltwise, gemm, gemv, layernorm, softmax
@@ -12,16 +14,19 @@ from .models import file_workload, zoo_workload
 
 
 def _zoo(name: str) -> Callable[..., Workload]:
-    def build(memory_budget_mb: float = 1024.0, seed: int = 0, target: str | Target = "cpu") -> Workload:
-        return zoo_workload(name, memory_budget_mb=memory_budget_mb, seed=seed, target=target)
+    def build(memory_budget_mb: float = 1024.0, seed: int = 0, objective: str = "", whole_below: int = WHOLE_BELOW,
+              target: str | Target = "cpu") -> Workload:
+        return zoo_workload(name, memory_budget_mb=memory_budget_mb, seed=seed, target=target,
+                            objective=objective or None, whole_below=whole_below)
 
-    build.__doc__ = f"The zoo model {name!r}, tuned as a whole plan."
+    build.__doc__ = (f"The zoo model {name!r}: cut into tasks when it is larger than whole_below ops; objective "
+                     f"e.g. control:chunk_steps=8,control_hz=10.")
     return build
 
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "drill": drill, "gemm": gemm, "gemv": gemv, "softmax": softmax, "layernorm": layernorm, "eltwise": eltwise,
-    **{name: _zoo(name) for name in ("policy-mlp", "policy-mlp-b64", "drill-mlp", "transformer-block")},
+    **{name: _zoo(name) for name in ZOO},
 }
 DEFAULT_WORKLOAD = "policy-mlp"
 MODEL_SUFFIXES = (".onnx", ".pt2")

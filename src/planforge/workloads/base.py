@@ -59,12 +59,17 @@ class Task:
 class Workload:
     """What ``load_workload`` builds: the ``manifest``, the ``tasks`` to tune, a one-line
     ``description``, and for a whole-model workload its ``graph`` (its weights: what a tuned plan
-    is loaded with; default None: a kernel or table workload)."""
+    is loaded with; default None: a kernel or table workload), its ``partition`` when it was cut
+    into several parts (``rewrite.partition.Partition``; None when it is one task) and the seconds
+    of each planning phase (``phases``: partition, saturation, extraction, genome)."""
 
     manifest: Manifest
     tasks: list[Task]
     description: str = ""
     graph: Any = None
+    partition: Any = None
+    phases: dict[str, float] = field(default_factory=dict)
+    target: Any = None  # the Target its graph tasks were planned for (a graph workload's; else None)
 
     @property
     def name(self) -> str:

@@ -1,10 +1,12 @@
-"""Whole-model workloads: a graph (zoo model or imported file) tuned as one plan space.
+"""Whole-model workloads: a graph (zoo model or imported file) cut into tasks, each tuned as one plan space.
 
-The graph goes into an e-graph, the rule sets saturate it within limits, the
-e-nodes that cannot fit the memory budget are pruned, greedy and ILP
-extraction give two starting plans, and the genome (one gene per e-class plus
-the knobs of each template) is what the search explores, measuring whole
-plans end to end.
+The graph is partitioned (``rewrite.partition``: at values that alone carry
+its state; identical parts are one task, weighted by their count; small
+graphs stay whole). Each task's graph goes into an e-graph, the rule sets
+saturate it within limits, the e-nodes that cannot fit the memory budget are
+pruned, greedy and ILP extraction give two starting plans, and the genome
+(one gene per e-class plus the knobs of each template) is what the search
+explores, measuring the task's plans end to end.
 """
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ from ..ir import ZOO, Graph
 from ..rewrite import Limits, saturate
 from ..rewrite.analysis import analyse, estimate
 from ..rewrite.extract import greedy, ilp, prune_memory, usable
+from ..rewrite.partition import WHOLE_BELOW, partition
 from ..space.genome import Genome
 from ..targets import Target, TargetError, get_target
 from ..validate import MemoryBudget
 from .base import Manifest, Task, Workload
+from .objective import Objective
 
 DEFAULT_RULESETS = ("epilogue", "layout", "algebra")
 
@@ -32,24 +36,14 @@ def _rulesets(graph: Graph) -> list[str]:
     return [*DEFAULT_RULESETS, *(["mlp_fusion"] if single else [])]
 
 
-def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = None, memory_budget_mb: float = 1024,
-                   seed: int = 0, node_limit: int = 20_000, target: str | Target = "cpu") -> Workload:
-    """A one-task workload: the whole plan of ``graph`` (its rewrites, implementations and knobs).
-
-    Parameters:
-        graph: the program, with concrete shapes and weights.
-        name: the workload's name in its manifest.
-        options: what built it, recorded in the manifest (default none).
-        memory_budget_mb: plans whose peak memory exceeds this are pruned or rejected (default 1024).
-        seed: seeds the plan backend's inputs (default 0).
-        node_limit: e-graph size at which saturation stops (default 20 000).
-        target: a target name or a ``Target`` (default "cpu"): its templates, profile and plan backend.
-    """
-    target = get_target(target)
+def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 0, node_limit: int = 20_000,
+               weight: int = 1) -> Task:
+    """The task of one graph (a whole model, or one part of a partitioned one): its e-graph saturated within
+    ``node_limit`` e-nodes, memory-pruned to ``budget`` bytes, extracted greedily and by ILP (the two seeds of
+    the search), and the genome over it (implementation choices and template knobs) as its space."""
     device = target.ceilings()  # (measures the device on first use: before the clock starts)
     if device is None:
         raise TargetError(f"target {target.name!r} has no device ceilings: it cannot plan a whole model")
-    budget = int(memory_budget_mb * 2**20)
     t0 = time.perf_counter()
     eg = saturate(graph, _rulesets(graph), Limits(nodes=node_limit))
     a = analyse(eg, graph)
@@ -64,6 +58,7 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     t2 = time.perf_counter()
     i_choice, how = ilp(eg, costs, allowed)
     t3 = time.perf_counter()
+
     def ranker(problem, space):
         """The analytic roofline model of a kernel node ranks its knob settings (fused MLPs have none)."""
         from ..costmodel.analytic import analytic_model
@@ -74,25 +69,78 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     genome = Genome.build(eg, a, allowed, g_choice, knob_space=target.knob_space, defaults=target.default_knobs,
                           ranker=ranker)
     seeds = [genome.candidate_of(i_choice), genome.candidate_of(g_choice)]
+    t4 = time.perf_counter()
 
     def peak(c) -> int:
         return target.peak_bytes(graph, genome.program(c.as_dict()))
 
-    task = Task(key="graph", space=genome.space, backend=target.graph_backend(graph, genome, seed=seed),
+    task = Task(key=key, space=genome.space, backend=target.graph_backend(graph, genome, seed=seed), weight=weight,
                 validators=(MemoryBudget(budget, peak),), peak_bytes=peak)
     task.seeds = seeds
     task.info = {**genome.describe(), "pruned_by_memory": len(pruned), "saturation_s": t1 - t0,
-                 "greedy_s": t2 - t1, "ilp_s": t3 - t2, "ilp": how}
+                 "greedy_s": t2 - t1, "ilp_s": t3 - t2, "ilp": how, "genome_s": t4 - t3}
+    return task
+
+
+def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = None, memory_budget_mb: float = 1024,
+                   seed: int = 0, node_limit: int = 20_000, target: str | Target = "cpu",
+                   whole_below: int = WHOLE_BELOW, objective: "str | dict | None" = None) -> Workload:
+    """A whole-model workload: ``graph`` cut into parts (``rewrite.partition``), one task per distinct part
+    (its weight: how many parts share its structure), each with its own e-graph and genome.
+
+    Parameters:
+        graph: the program, with concrete shapes and weights.
+        name: the workload's name in its manifest.
+        options: what built it, recorded in the manifest (default none).
+        memory_budget_mb: a plan (of the whole graph, or of one part) whose peak memory exceeds this is pruned
+            or rejected (default 1024).
+        seed: seeds the plan backends' inputs (default 0).
+        node_limit: e-graph size at which saturation stops, per task (default 20 000).
+        target: a target name or a ``Target`` (default "cpu"): its templates, profile and plan backend.
+        whole_below: a graph of at most this many ops stays one task (default ``rewrite.partition.WHOLE_BELOW``;
+            0 cuts every graph that has a cut point).
+        objective: what the whole plan is judged by (``objective.Objective``: a dict, or a string such as
+            ``control:chunk_steps=8,control_hz=10``; default None: end-to-end latency); recorded in the manifest.
+    A graph that stays whole is one task named ``graph``; the parts' tasks are named ``partK`` after the
+    first part of their structure. ``Workload.partition`` holds the parts and why it was cut where it was.
+    """
+    target = get_target(target)
+    budget = int(memory_budget_mb * 2**20)
+    t0 = time.perf_counter()
+    part = partition(graph, whole_below=whole_below)
+    t_part = time.perf_counter() - t0
+    if len(part.parts) == 1:
+        tasks = [graph_task(graph, "graph", target, budget, seed, node_limit)]
+    else:
+        tasks = []
+        for key, idx in part.keys.items():
+            rep = part.parts[idx[0]]
+            t = graph_task(rep.graph, f"part{rep.index}", target, budget, seed, node_limit, weight=len(idx))
+            t.info.update({"structure": key, "instances": list(idx), "ops": len(rep.graph.nodes)})
+            tasks.append(t)
+    phases = {"partition_s": t_part, "saturation_s": sum(t.info["saturation_s"] for t in tasks),
+              "extraction_s": sum(t.info["greedy_s"] + t.info["ilp_s"] for t in tasks),
+              "genome_s": sum(t.info["genome_s"] for t in tasks)}
     shapes = {k: list(v) for k, v in graph.inputs.items()}
-    manifest = Manifest(name, shapes=shapes, dtypes={k: graph.dtype for k in shapes},
-                        options={**(options or {}), "memory_budget_mb": memory_budget_mb, "seed": seed})
-    return Workload(manifest, [task], description=f"{graph.name}: {len(graph.nodes)} ops, "
-                                                   f"{graph.param_bytes() / 1e6:.2f} MB of weights", graph=graph)
+    opts = {**(options or {}), "memory_budget_mb": memory_budget_mb, "seed": seed}
+    if whole_below != WHOLE_BELOW:
+        opts["whole_below"] = whole_below
+    goal = Objective.parse(objective)
+    if goal.kind != "latency" or goal.share_threshold != Objective().share_threshold:
+        opts["objective"] = goal.to_json()
+    manifest = Manifest(name, shapes=shapes, dtypes={k: graph.dtype for k in shapes}, options=opts)
+    desc = f"{graph.name}: {len(graph.nodes)} ops, {graph.param_bytes() / 1e6:.2f} MB of weights"
+    if len(part.parts) > 1:
+        desc += f", {len(part.parts)} parts in {len(part.keys)} tasks"
+    return Workload(manifest, tasks, description=desc, graph=graph, partition=part if len(part.parts) > 1 else None,
+                    phases=phases, target=target)
 
 
-def zoo_workload(name: str, memory_budget_mb: float = 1024, seed: int = 0, target: str | Target = "cpu") -> Workload:
+def zoo_workload(name: str, memory_budget_mb: float = 1024, seed: int = 0, target: str | Target = "cpu",
+                 objective: "str | dict | None" = None, whole_below: int = WHOLE_BELOW) -> Workload:
     """The zoo model ``name`` as a graph workload (see ``graph_workload`` for the rest)."""
-    return graph_workload(ZOO[name](), name, memory_budget_mb=memory_budget_mb, seed=seed, target=target)
+    return graph_workload(ZOO[name](), name, memory_budget_mb=memory_budget_mb, seed=seed, target=target,
+                          objective=objective, whole_below=whole_below)
 
 
 def parse_shapes(text: str) -> dict[str, tuple[int, ...]] | None:

@@ -307,6 +307,7 @@ class ChainPlan:
         self.parts = [(p, tuple(ins), tuple(outs)) for p, ins, outs in parts]
         self._names = list(graph.inputs)
         self._outputs = list(graph.outputs)
+        self.output_classes = list(graph.outputs)
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         if len(inputs) != len(self._names):
@@ -315,17 +316,20 @@ class ChainPlan:
             want = tuple(self.graph.inputs[name])
             if tuple(np.shape(x)) != want:
                 raise PlanError(f"input {name!r} has shape {tuple(np.shape(x))}; the plan was tuned for {want}")
-        return [np.array(o, copy=True) for o in self.run_on(*inputs)]
+        return self.run_on(*inputs)
 
-    def run_on(self, *inputs: np.ndarray) -> list[np.ndarray]:
+    def feed(self, *inputs: np.ndarray) -> list[np.ndarray]:
         env: dict[str, np.ndarray] = dict(zip(self._names, inputs))
         for plan, ins, outs in self.parts:
             env.update(zip(outs, plan.feed(*[env[i] for i in ins])))
         return [env[o] for o in self._outputs]
 
+    def run_on(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        return [np.array(o, copy=True) for o in self.feed(*inputs)]
+
     def single(self) -> Callable[[np.ndarray], np.ndarray]:
-        run = self.run_on
-        return lambda x: np.array(run(x)[0], copy=True)
+        feed = self.feed
+        return lambda x: np.array(feed(x)[0], copy=True)
 
     @property
     def peak_bytes(self) -> int:

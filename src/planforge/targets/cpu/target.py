@@ -93,6 +93,9 @@ class _LibraryPlan:
     def run_on(self, *inputs: np.ndarray) -> list[np.ndarray]:
         return self.fn(*inputs)
 
+    def feed(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        return self.fn(*inputs)
+
     def single(self) -> Callable[[np.ndarray], np.ndarray]:
         fn = self.fn
         return lambda x: fn(x)[0]

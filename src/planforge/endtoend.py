@@ -1,0 +1,193 @@
+"""The task-level objective: the whole plan of a partitioned model, measured end to end, and what follows from it.
+
+After every task has its accepted plan, the parts of the model are chained
+(each task's plan, rebound to each of its parts' own weights) and timed over
+many single calls, interleaved with the library baseline of the whole model
+(the graph op by op in numpy): median and p99 of both, and each task's share
+of the end-to-end time (weight x its latency), in Amdahl order.
+
+For a chunked control policy (``workloads.objective.Objective``, kind
+``control``) the figures also give the chunk's compute, the effective control
+frequency with double buffering, and whether the target holds.
+
+The 95% rule at task level: a task whose tuned plan is below 95% of its
+library's speed is kept when its share of the end-to-end time is under a
+threshold (default 5%) and the task-level target holds (the whole plan beats
+the whole library, and the control target where there is one); otherwise
+that task runs its library plan. Every decision is recorded with the share
+and the reason.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .measure.timing import TimingConfig, time_fn
+from .results import FALLBACK_WITHIN, TaskResult
+from .workloads.objective import Objective
+
+E2E_TIMING = TimingConfig(warmup_s=0.05, budget_s=0.4, min_repeats=100, max_repeats=3000, min_sample_s=0.0)
+
+
+@dataclass
+class EndToEnd:
+    """The whole plan, measured: ``median_s``/``p99_s`` of single calls (``samples`` of them) against the library's,
+    each task's share (Amdahl order), the control figures, and the task-level decisions."""
+
+    median_s: float
+    p99_s: float
+    samples: int
+    library: str
+    library_median_s: float
+    library_p99_s: float
+    shares: list[dict[str, Any]] = field(default_factory=list)
+    control: dict[str, Any] | None = None
+    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    objective: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float:
+        return self.library_median_s / self.median_s if self.median_s > 0 else math.inf
+
+    @property
+    def holds(self) -> bool:
+        """The task-level target: faster than the library, and the control target where there is one."""
+        return self.median_s <= self.library_median_s and (self.control is None or bool(self.control["holds"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"median_s": self.median_s, "p99_s": self.p99_s, "samples": self.samples, "library": self.library,
+                "library_median_s": self.library_median_s, "library_p99_s": self.library_p99_s,
+                "speedup_vs_library": self.speedup, "holds": self.holds, "shares": self.shares,
+                "control": self.control, "objective": self.objective,
+                "decisions": {k: self.decisions[k] for k in sorted(self.decisions)}}
+
+
+def decide(results: Sequence[TaskResult], objective: Objective, target_holds: bool) -> dict[str, dict[str, Any]]:
+    """The task-level 95% rule for each task (see the module's docstring); ``target_holds``: whether the whole
+    plan meets the task-level target with every task as tuned."""
+    total = sum(tr.walk.accepted.metric * tr.task.weight for tr in results) or 1.0
+    out = {}
+    for tr in results:
+        share = tr.walk.accepted.metric * tr.task.weight / total
+        lib = tr.best_library
+        ratio = tr.ratio_vs_library
+        slow = ratio is not None and ratio * FALLBACK_WITHIN > 1.0
+        if not slow:
+            d = {"decision": "tuned", "share": share, "reason": "within the 95% rule" if lib else "no library"}
+        elif share < objective.share_threshold and target_holds:
+            d = {"decision": "tuned", "share": share,
+                 "reason": f"reaches {100 / ratio:.0f}% of {lib[0]}, below the 95% rule, but takes "
+                           f"{100 * share:.1f}% of the end-to-end time (under {100 * objective.share_threshold:.0f}%) "
+                           f"and the task-level target holds: kept off the critical path"}
+        else:
+            why = "the task-level target does not hold" if not target_holds else \
+                f"its share {100 * share:.1f}% is at least {100 * objective.share_threshold:.0f}%"
+            d = {"decision": lib[0], "share": share,
+                 "reason": f"reaches {100 / ratio:.0f}% of {lib[0]}, below the 95% rule, and {why}: "
+                           f"the task runs {lib[0]}"}
+        out[tr.task.key] = d
+    return out
+
+
+def chain(graph, part, task_of: dict[int, str], programs: dict[str, list[dict] | None], target) -> Any:
+    """The whole plan of a partitioned graph: per part (of ``part``, a ``rewrite.partition.Partition``), the
+    program of its task (``task_of[part index]``; a program of None: the part's library plan) rebound from the
+    task's first part to this part's own weights, built by ``target``, and chained in order
+    (``targets.cpu.plan.ChainPlan``)."""
+    from .targets.cpu.plan import ChainPlan, rebind
+
+    first: dict[str, Any] = {}
+    for p in part.parts:
+        first.setdefault(task_of[p.index], p)
+    steps = []
+    for p in part.parts:
+        key = task_of[p.index]
+        prog, rep = programs[key], first[key]
+        if prog is not None:
+            prog = rebind(prog, {**dict(zip(rep.inputs, p.inputs)), **dict(zip(rep.params, p.params))})
+        steps.append((target.plan(p.graph, prog), p.inputs, p.outputs))
+    return ChainPlan(graph, steps)
+
+
+def task_of(workload) -> dict[int, str]:
+    """Part index -> the key of its task, for a partitioned workload."""
+    return {i: t.key for t in workload.tasks for i in t.info.get("instances", [])}
+
+
+def partition_json(workload) -> dict[str, Any]:
+    """What a spec records of the cut: why, and each part's task and structure (``load`` checks them)."""
+    part = workload.partition
+    owner = task_of(workload)
+    return {"reason": part.reason, "tasks": len(part.keys), "dedupe": part.dedupe,
+            "parts": [[owner[p.index], p.key] for p in part.parts], "phases": workload.phases}
+
+
+def chain_from_spec(spec: dict[str, Any], graph, target) -> Any:
+    """The whole plan a partitioned spec records, rebuilt for ``graph`` (cut again the same way, and checked
+    part by part against the spec's structures)."""
+    from .rewrite.partition import WHOLE_BELOW, partition
+
+    rec = spec["partition"]
+    part = partition(graph, whole_below=spec["manifest"]["options"].get("whole_below", WHOLE_BELOW))
+    if len(part.parts) != len(rec["parts"]) or any(p.key != k for p, (_, k) in zip(part.parts, rec["parts"])):
+        raise ValueError(f"the graph does not cut into the parts the spec was tuned on ({len(part.parts)} parts "
+                         f"here, {len(rec['parts'])} in the spec, or their structures differ)")
+    programs = {k: (t["program"] if t.get("selected", "tuned") == "tuned" else None)
+                for k, t in spec["tasks"].items()}
+    return chain(graph, part, {i: t for i, (t, _) in enumerate(rec["parts"])}, programs, target)
+
+
+def _percentile(ts: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(ts), q))
+
+
+def measure(plan_fn: Callable[[], Any], library_fn: Callable[[], Any], rounds: int = 3,
+            cfg: TimingConfig = E2E_TIMING) -> tuple[list[float], list[float]]:
+    """Single-call times of the plan and the library, interleaved round by round (raw times pooled)."""
+    mine, lib = [], []
+    for _ in range(rounds):
+        mine.extend(time_fn(plan_fn, cfg))
+        lib.extend(time_fn(library_fn, cfg))
+    return mine, lib
+
+
+def end_to_end(workload, results: Sequence[TaskResult], objective: Objective, target, seed: int = 0,
+               rounds: int = 3) -> tuple[EndToEnd, Any]:
+    """Decide per task, build the whole plan with those decisions, check it against the fp64 reference, and
+    measure it against the whole library; returns the figures and the plan."""
+    from .targets.cpu.graph import numpy_forward, tolerance
+
+    g = workload.graph
+    est_tuned = sum(tr.walk.accepted.metric * tr.task.weight for tr in results)
+    est_lib = sum(tr.best_library[1] * tr.task.weight for tr in results if tr.best_library) or math.inf
+    control_est = objective.control(est_tuned, est_tuned)
+    decisions = decide(results, objective, est_tuned <= est_lib and (control_est is None or control_est["holds"]))
+    programs = {tr.task.key: (None if decisions[tr.task.key]["decision"] != "tuned"
+                              else tr.task.backend.program(tr.walk.accepted.candidate)) for tr in results}
+    plan = chain(g, workload.partition, task_of(workload), programs, target)
+    xs = g.example_inputs(seed)
+    ref = g.evaluate(*xs)
+    out = plan(*xs)
+    err = max(float(np.abs(o.astype(np.float64) - r).max()) for o, r in zip(out, ref))
+    tol = tolerance(g, ref)
+    if not err <= tol:
+        raise ValueError(f"the chained plan of {workload.name} is wrong: max |out - ref| = {err:.3g} exceeds "
+                         f"{tol:.3g}; every part passed on its own, so the chaining is at fault")
+    fwd = numpy_forward(g)
+    run = plan.feed
+    mine, lib = measure(lambda: run(*xs), lambda: fwd(*xs), rounds)
+    med, p99 = float(np.median(mine)), _percentile(mine, 99)
+    total = sum(tr.walk.accepted.metric * tr.task.weight for tr in results) or 1.0
+    shares = sorted(({"task": tr.task.key, "weight": tr.task.weight, "latency_s": tr.walk.accepted.metric,
+                      "share": tr.walk.accepted.metric * tr.task.weight / total,
+                      "ratio_vs_library": tr.ratio_vs_library} for tr in results), key=lambda d: -d["share"])
+    e2e = EndToEnd(med, p99, len(mine), "numpy", float(np.median(lib)), _percentile(lib, 99), shares,
+                   objective.control(med, p99), decisions, objective.to_json())
+    return e2e, plan
+
+
+__all__ = ["E2E_TIMING", "EndToEnd", "chain", "chain_from_spec", "decide", "end_to_end", "measure", "partition_json",
+           "task_of"]
