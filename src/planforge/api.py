@@ -190,7 +190,7 @@ def tune(workload_or_module, example_inputs=None, target: str | Target | None = 
          strategy: str = "auto",
          seed: int = 0, out: str | os.PathLike | None = None, time_budget: float | None = None, keep: int = 4,
          options: dict[str, Any] | None = None, name: str | None = None, resume: bool = False,
-         executor: dict[str, Any] | None = None):
+         executor: dict[str, Any] | None = None, scheduler: str = "gradient"):
     """Tune a workload the way ``planforge tune`` does, from Python; returns a ``TuneResult``.
 
     Parameters:
@@ -201,7 +201,10 @@ def tune(workload_or_module, example_inputs=None, target: str | Target | None = 
         target: where to tune: a target name (``"cpu"``, ``"table"``...; see ``planforge.targets.TARGETS``) or a
             ``Target``; default None: the workload's own (the CPU for kernels, models and modules, the table for
             the drill). An unknown name is a ``ValueError`` listing the known ones.
-        budget: unique evaluations per task (default 64); ``time_budget``: wall seconds per task (default none).
+        budget: unique evaluations (default 64); ``time_budget``: wall seconds of the search (default none); for a
+            workload of several tasks (a partitioned model), the totals that ``scheduler`` spends across them.
+        scheduler: ``"gradient"`` (default: each grant to the task of the largest estimated end-to-end gain per
+            evaluation, after a warm-up round) or ``"round-robin"`` (evenly); see ``planforge.search.scheduler``.
         strategy: a search strategy name or ``"auto"`` (default).
         out: output folder for spec.json, run.json and report.html (default ``planforge-out/NAME``).
         options: workload options, as ``--option key=value`` gives them.
@@ -218,7 +221,8 @@ def tune(workload_or_module, example_inputs=None, target: str | Target | None = 
     out = Path(out) if out is not None else Path("planforge-out") / wl.name
     call = f"planforge.tune({wl.name!r}, budget={budget}, strategy={strategy!r}, seed={seed})"
     return run_tune(wl, strategy=strategy, budget=Budget(evals=budget, seconds=time_budget), seed=seed, keep=keep,
-                    out=out, resume=resume, command=call, executor=executor, plan_loader=load_tuned)
+                    out=out, resume=resume, command=call, executor=executor, plan_loader=load_tuned,
+                    scheduler=scheduler)
 
 
 def load_tuned(spec_path: Path, workload) -> "LoadedPlan":

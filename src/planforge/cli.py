@@ -74,8 +74,14 @@ def tune(
                                  help="Search strategy: auto, exhaustive, random, genetic, annealing, hillclimb, "
                                       "proxy-topk, model. auto is exhaustive when the space fits the budget, else "
                                       "model (model-guided evolution) for kernels with an analytic model, else genetic."),
-    budget: int = typer.Option(64, "--budget", "-b", help="Unique evaluations per task (default 64)."),
-    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Wall seconds per task (default: none)."),
+    budget: int = typer.Option(64, "--budget", "-b", help="Unique evaluations (default 64); for a workload of "
+                                                          "several tasks, the total the scheduler spends across them."),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Wall seconds of the search, over all "
+                                                                            "tasks (default: none)."),
+    scheduler: str = typer.Option("gradient", "--scheduler", help="How a workload of several tasks spends the budget: "
+                                                                  "gradient (each grant to the task of the largest "
+                                                                  "estimated end-to-end gain, after a warm-up round) "
+                                                                  "or round-robin (evenly). Default gradient."),
     seed: int = typer.Option(0, "--seed", help="Seeds the strategy; the same seed gives the same spec."),
     keep: int = typer.Option(4, "--keep", "-k", help="Size of the ranked top-k walked by validation (default 4)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder for spec.json (default planforge-out/WORKLOAD)."),
@@ -130,11 +136,13 @@ def tune(
                         transient=True)
     bars: dict[str, int] = {}
     state: dict[str, dict] = {}
+    many = len(wl.tasks) > 1
 
     def on_trial(task, trial) -> None:
         from .report import fmt_time
 
         if task.key not in bars:
+            # several tasks share the budget: a task's bar counts its evaluations against the whole budget
             bars[task.key] = progress.add_task(task.key, total=budget, best="-", bad="")
             state[task.key] = {"best": None, "bad": {}}
         st = state[task.key]
@@ -146,13 +154,22 @@ def tune(
         bad = " ".join(f"{k}:{v}" for k, v in sorted(st["bad"].items()))
         progress.update(bars[task.key], completed=trial.n or None, best=fmt_time(st["best"]), bad=bad)
 
+    def on_grant(grant, states) -> None:
+        # per-task state: its weight, its share of the end-to-end latency so far, what the scheduler made of it
+        total = sum(s.share for s in states if s.share is not None) or None
+        for s in states:
+            if s.key in bars:
+                share = f"{100 * s.share / total:.0f}% of e2e" if (total and s.share is not None) else "no plan yet"
+                what = f"stopped: {s.stopped}" if s.stopped else f"{s.grants} grants"
+                progress.update(bars[s.key], description=f"{s.key} x{s.weight:g} ({share}, {what})")
+
     try:
         with progress:
             res = run_tune(wl, strategy=strategy, budget=b, seed=seed, keep=keep, out=out, records=records,
                            resume=resume, strategy_options=_typed(_pairs(strategy_option, "--strategy-option")),
                            on_trial=on_trial, command=command,
                            executor=_executor(executor, ray_address, workers, cores_per_slot), funnel=not no_funnel,
-                           plan_loader=load_tuned)
+                           plan_loader=load_tuned, scheduler=scheduler, on_grant=on_grant if many else None)
     except ExecutorError as e:
         _fail(str(e))
     except KeyboardInterrupt:

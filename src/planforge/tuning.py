@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from . import __version__
 from .costmodel import spearman
@@ -20,7 +20,9 @@ from .costmodel.learned import history
 from .report.html import write_report
 from .report.run import write_run
 from .results import FALLBACK_WITHIN, PlanLoader, TaskResult, TuneResult, toolchain
-from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, make_strategy, search_on, walk_finalists
+from .measure.executor import make_executor
+from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, make_strategy, walk_finalists
+from .search.scheduler import DEFAULT_WARMUP, Grant, TaskSearch, TaskState, compact, make_scheduler, schedule
 from .search.strategies import Strategy
 from .spec import Records, SCHEMA_VERSION, spec_filename, write_spec
 from .workloads import Task, Workload
@@ -118,13 +120,27 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
          keep: int = 4, out: str | os.PathLike | None = None, records: str | os.PathLike | None = None,
          resume: bool = False, strategy_options: dict[str, Any] | None = None,
          on_trial: Callable[[Task, Trial], None] | None = None, command: str = "",
-         executor: dict[str, Any] | None = None, funnel: bool = True, plan_loader: PlanLoader | None = None
-         ) -> TuneResult:
+         executor: dict[str, Any] | None = None, funnel: bool = True, plan_loader: PlanLoader | None = None,
+         scheduler: str = "gradient", scheduler_options: dict[str, Any] | None = None,
+         on_grant: Callable[[Grant, Sequence[TaskState]], None] | None = None) -> TuneResult:
     """Tune every task of ``workload``; write ``out/spec.json`` when ``out`` is given.
 
     Parameters:
         strategy: a name from ``planforge.search.STRATEGIES`` or ``auto``.
-        budget: per task: unique evaluations and/or seconds.
+        budget: unique evaluations and/or seconds: a one-task workload's, or
+            the total over a workload of several tasks, which the scheduler
+            spends across them.
+        scheduler: how a workload of several tasks spends the budget:
+            ``gradient`` (default: each grant to the task of the largest
+            estimated end-to-end gain per evaluation, after a warm-up round)
+            or ``round-robin`` (evenly); see ``planforge.search.scheduler``.
+        scheduler_options: ``warmup`` (evaluations per task first, default
+            ``DEFAULT_WARMUP``), ``step`` (evaluations per grant, default:
+            as many as the executor takes at once, 1 on one slot) and the
+            scheduler's own settings (gradient: ``alpha``, ``window``,
+            ``patience``); default none.
+        on_grant: called after each grant with it and every task's state
+            (progress display; workloads of several tasks only).
         seed: seeds the strategy; the same seed gives the same spec.
         keep: size of the ranked top-k that the finalist walk goes through.
         records: the records database (default ``out/records.db``, or
@@ -155,16 +171,17 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
     config = {"strategy": strategy, "seed": seed, "budget": [budget.evals, budget.seconds], "keep": keep,
               "options": strategy_options or {}, "targets": [t.backend.fingerprint for t in workload.tasks],
               **({} if funnel else {"funnel": False})}
+    if len(workload.tasks) > 1:  # a resumed run must spend the budget the same way
+        config["scheduler"] = [scheduler, scheduler_options or {}]
     db = Records(rec_path)
     try:
         run_id, resumed = db.start_run(workload.name, workload.manifest.key, config, command, resume)
         notes = [] if resumed or not resume else ["nothing to resume with these settings: started a new run"]
-        per_task: list[dict[str, TaskResult]] = []
         closers = [t.backend.close for t in workload.tasks]
         try:
-            for task in workload.tasks:
-                per_task.append(_tune_task(db, run_id, workload, task, strategy, budget, seed, keep,
-                                           strategy_options or {}, on_trial, funnel, executor=executor))
+            per_task, schedule_json = _search_tasks(db, run_id, workload, strategy, budget, seed, keep,
+                                                    strategy_options or {}, on_trial, funnel, executor, scheduler,
+                                                    scheduler_options or {}, on_grant)
         except KeyboardInterrupt:
             db.end_run(run_id, "interrupted")
             raise
@@ -190,6 +207,8 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
             e2e, _ = end_to_end(workload, results, Objective.parse(workload.manifest.options.get("objective")),
                                 workload.target, seed)
         spec = build_spec(workload, results, budget, main, e2e) if ok else None
+        if spec is not None and schedule_json is not None:  # how the budget was spent across the tasks
+            spec["schedule"] = schedule_json
         specs = {main: write_spec(spec, out_path / spec_filename())} if (spec and out_path) else {}
         for where, trs in by_target.items():  # the other kinds of machine of a heterogeneous cluster
             if where == main:
@@ -209,22 +228,60 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         db.close()
 
 
-def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strategy: str, budget: Budget,
-               seed: int, keep: int, options: dict[str, Any], on_trial, funnel: bool = True,
-               executor: dict[str, Any] | None = None) -> dict[str, TaskResult]:
-    """Search ``task``; its result per device fingerprint tuned (one, but for a heterogeneous cluster), the
-    main one first."""
+def _search_tasks(db: Records, run_id: str, workload: Workload, strategy: str, budget: Budget, seed: int, keep: int,
+                  options: dict[str, Any], on_trial, funnel: bool, executor: dict[str, Any] | None, scheduler: str,
+                  scheduler_options: dict[str, Any], on_grant) -> tuple[list[dict[str, TaskResult]], dict | None]:
+    """Search every task of ``workload``, then give each its finalists: per task its result per device
+    fingerprint (the main one first), and how the scheduler spent the budget (None for a single task).
+
+    A single task takes the whole budget in one grant (its search is the loop's, as it always was); several
+    share it: ``schedule`` gives each a warm-up round, then grants of ``step`` evaluations by the scheduler."""
+    opts = dict(scheduler_options)
+    warmup, step = opts.pop("warmup", DEFAULT_WARMUP), opts.pop("step", None)
+    sched = make_scheduler(scheduler, **opts)  # a bad name or option fails before anything is measured
+    many = len(workload.tasks) > 1
+    # what `auto` sizes its choice by (exhaustive when the valid space fits): a task's even share of the budget
+    hint = budget.evals if not many or budget.evals is None else max(1, budget.evals // len(workload.tasks))
+    made = [_task_search(db, run_id, workload, task, strategy, budget, hint, seed, keep, options, on_trial, funnel,
+                         executor) for task in workload.tasks]
+    searches = [m[0] for m in made]
+    try:
+        if not many:
+            searches[0].grant(budget.evals, budget.seconds)
+            schedule_json = None
+            joined = [searches[0].result()]
+        else:
+            step = step or searches[0].width()  # a grant fills the executor's slots
+            grants = schedule(searches, sched, budget.evals, warmup=warmup, step=step, seconds=budget.seconds,
+                              on_grant=on_grant)
+            spent = sum(g.spent for g in grants)
+            joined = [s.result(f"the workload's budget of {budget.evals} evaluations spent, {s.state.evals} "
+                               f"of them on this task" if budget.evals is not None else
+                               f"the workload's time budget of {budget.seconds:g} s spent") for s in searches]
+            schedule_json = {"scheduler": sched.describe(), "budget": {"evals": budget.evals, "seconds": budget.seconds},
+                             "warmup": warmup, "step": step, "grants": compact(grants),
+                             "evaluations": {s.state.key: s.state.evals for s in searches}, "spent": spent}
+    finally:
+        for s in searches:
+            s.close()
+    return [finish(r) for (_, finish), r in zip(made, joined)], schedule_json
+
+
+def _task_search(db: Records, run_id: str, workload: Workload, task: Task, strategy: str, budget: Budget,
+                 hint: int | None, seed: int, keep: int, options: dict[str, Any], on_trial, funnel: bool = True,
+                 executor: dict[str, Any] | None = None) -> tuple[TaskSearch, Callable[[SearchResult], dict]]:
+    """``task``'s search, to be run in grants, and ``finish(result)``: its result per device fingerprint tuned
+    (one, but for a heterogeneous cluster), the main one first. ``hint``: the evaluations ``auto`` sizes its
+    choice of strategy by."""
     if task.seeds:
         options = {**options, "initial": list(task.seeds)}
     screen = Funnel(task.cost_model if funnel else None, min_k=4 * (budget.evals or 16)).screen(task.space)
     space = screen.space
     driver = task.backend.fingerprint
-    strategies: dict[str, Any] = {}
 
     def strategy_for(target: str) -> Strategy:
         # each device fingerprint's search: the same strategy and seed, its own state
-        strat = strategies[target] = make_strategy(strategy, space, seed, budget=budget.evals,
-                                                   cost_model=task.cost_model, **options)
+        strat = make_strategy(strategy, space, seed, budget=hint, cost_model=task.cost_model, **options)
         # learned models start from this template's earlier runs on this device (a no-op for the others)
         strat.warm_start(history(db, target, task.key, space.names, exclude_run=run_id))
         return strat
@@ -241,16 +298,22 @@ def _tune_task(db: Records, run_id: str, workload: Workload, task: Task, strateg
 
     if executor and executor.get("kind", "local") == "local" and executor.get("workers", 1) <= 1:
         executor = None  # one local worker: the slot on this thread, measuring the task's backend itself
+    ex_opts = dict(executor or {"kind": "inline"})
+    kind = ex_opts.pop("kind", "local")
     # each outcome is recorded under the fingerprint of the device that measured it; the roofline screen
     # sits in front of every slot; results settle in submission order, so that the same seed gives the same
     # spec whichever slot is quicker (and, for a strategy that does not adapt, on one slot or many)
-    result = search_on(executor, space, strategy_for, task.backend, budget, keep=keep, cache=cache_for,
-                       on_done=record, screen=screen, ordered=True)
-    results = result.by_target or {driver: result}
-    main = next(w for w, r in results.items() if r is result)
-    # (a cluster that had no slot at all made no strategy: describe the one it would have used)
-    return {w: _task_result(task, results[w], strategies.get(w) or strategy_for(w), screen, keep, here=w == driver)
-            for w in [main, *(w for w in results if w != main)]}
+    search = TaskSearch(task.key, task.weight, space, strategy_for, lambda: make_executor(kind, task.backend, **ex_opts),
+                        driver, keep=keep, cache_for=cache_for, on_done=record, screen=screen, ordered=True, kind=kind)
+
+    def finish(result: SearchResult) -> dict[str, TaskResult]:
+        results = result.by_target or {driver: result}
+        main = next(w for w, r in results.items() if r is result)
+        # (a cluster that had no slot at all made no strategy: describe the one it would have used)
+        return {w: _task_result(task, results[w], search.strategies.get(w) or strategy_for(w), screen, keep,
+                                here=w == driver) for w in [main, *(w for w in results if w != main)]}
+
+    return search, finish
 
 
 def _task_result(task: Task, result: SearchResult, strat: Strategy, screen, keep: int, here: bool) -> TaskResult:
