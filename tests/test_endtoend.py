@@ -71,3 +71,11 @@ def test_a_partitioned_model_tunes_per_task_records_the_decisions_and_loads_as_o
     xs = g.example_inputs(5)
     out, ref = plan(*xs), g.evaluate(*xs)[0]  # a one-output plan returns the array itself
     assert np.abs(out - ref).max() < 1e-3 * (1 + np.abs(ref).max())
+
+
+def test_the_report_draws_a_space_larger_than_a_float_holds():
+    from planforge.report import plots
+
+    png = plots.funnel({"funnel": [{"stage": "space", "count": 7 * 10**400}, {"stage": "measured", "count": 64}]})
+    assert png and len(png) > 100
+    assert plots._count_label(7 * 10**400) == "7.00e+400" and plots._count_label(1234) == "1,234"

@@ -79,6 +79,25 @@ def curve(task: dict[str, Any]) -> str | None:
     return _png(fig)
 
 
+def _plottable(n) -> float:
+    """A count as a float for an axis; a space larger than a float holds (a 12-layer genome) is drawn at 1e300."""
+    try:
+        return float(n)
+    except OverflowError:
+        return 1e300
+
+
+def _count_label(n) -> str:
+    """``1,234`` up to 10^12, then ``3.1e+76``, exact for counts past what a float holds (``10^412``)."""
+    if abs(n) < 10**12:
+        return f"{n:,}"
+    try:
+        return f"{float(n):.3g}"
+    except OverflowError:
+        digits = str(abs(int(n)))
+        return f"{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
+
+
 def funnel(task: dict[str, Any]) -> str | None:
     """The L0 funnel: points left after each stage, log scale."""
     stages = task.get("funnel") or []
@@ -87,11 +106,10 @@ def funnel(task: dict[str, Any]) -> str | None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(stages) + 1))
     names = [s["stage"] for s in stages][::-1]
-    counts = [max(float(s["count"]), 0.5) for s in stages][::-1]
+    counts = [max(_plottable(s["count"]), 0.5) for s in stages][::-1]
     ax.barh(names, counts, color="#2ca02c")
     for i, s in enumerate(stages[::-1]):
-        n = s["count"]
-        ax.annotate(f"{n:,}" if abs(n) < 10**12 else f"{float(n):.3g}", (counts[i], i), xytext=(4, 0), textcoords="offset points", va="center",
+        ax.annotate(_count_label(s["count"]), (counts[i], i), xytext=(4, 0), textcoords="offset points", va="center",
                     fontsize=8)
     if max(counts) / min(counts) > 50:
         ax.set_xscale("log")
