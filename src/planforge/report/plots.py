@@ -80,11 +80,12 @@ def curve(task: dict[str, Any]) -> str | None:
 
 
 def _plottable(n) -> float:
-    """A count as a float for an axis; a space larger than a float holds (a 12-layer genome) is drawn at 1e300."""
+    """A count as a float for an axis, capped at 1e100 (a log axis over more decades than that is unreadable and
+    overflows matplotlib's tick locator; a 12-layer genome exceeds even a float): the label keeps the exact count."""
     try:
-        return float(n)
+        return min(float(n), 1e100)
     except OverflowError:
-        return 1e300
+        return 1e100
 
 
 def _count_label(n) -> str:
