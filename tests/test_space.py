@@ -100,3 +100,16 @@ def test_make_rejects_unknown_values():
         s.make({"impl": "z", "bm": 4, "bk": 4, "order": "km"})
     with pytest.raises(SpaceError, match="missing"):
         s.make({"impl": "a"})
+
+
+def test_nearest_valid_snaps_a_default_that_breaks_the_rules():
+    from planforge.space import Space, categorical
+
+    sp = Space([categorical("vec", (4, 8, 16)), categorical("jb", (1, 2, 4, 8))], ["jb * vec <= max(vec, n)"],
+               constants={"n": 16})
+    assert sp.nearest_valid({"vec": 16, "jb": 1}).as_dict() == {"vec": 16, "jb": 1}   # valid: itself
+    snapped = sp.nearest_valid({"vec": 16, "jb": 4})                                   # 64 > 16: one knob moves
+    assert sp.is_valid(snapped) and sum(a != b for a, b in zip(snapped.index, (2, 2))) == 1
+    tight = Space([categorical("a", (1, 2, 3)), categorical("b", (1, 2, 3))], ["a + b <= 2"])
+    assert tight.nearest_valid({"a": 3, "b": 3}, max_changes=1) is None               # needs both to move
+    assert tight.nearest_valid({"a": 3, "b": 3}).as_dict() == {"a": 1, "b": 1}

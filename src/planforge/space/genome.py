@@ -49,12 +49,12 @@ def knob_configs(space: Space, first: dict[str, Any], n: int, seed: int,
     rng = random.Random(seed)
     cands: list[Candidate] = []
     seen: set[str] = set()
-    try:
-        c = space.make({k.name: first.get(k.name, k.values[0]) for k in space.knobs})
-        if space.is_valid(c):
+    try:  # the careful default, snapped to the nearest valid setting where this machine's rules break it
+        c = space.nearest_valid({k.name: first.get(k.name, k.values[0]) for k in space.knobs})
+        if c is not None:
             cands.append(c)
             seen.add(c.fingerprint)
-    except SpaceError:
+    except (SpaceError, ValueError):
         pass
     want = n * pool if rank is not None else n
     for _ in range(want * 30):

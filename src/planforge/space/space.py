@@ -324,6 +324,30 @@ class Space:
                 return self.candidate(idx)
         return a
 
+    def nearest_valid(self, config: Mapping[str, Value], max_changes: int = 2) -> Candidate | None:
+        """The valid point closest to ``config`` (a full config, maybe breaking restrictions): fewest knobs
+        changed (at most ``max_changes``), then the smallest moves along each knob's values; None when none is
+        that close. A careful first setting that breaks this machine's restrictions is snapped, not dropped."""
+        from itertools import combinations, product
+
+        base = tuple(k.index(config[k.name]) for k in self.knobs)
+        if self.is_valid_index(base):
+            return self.candidate(base)
+        for n in range(1, max_changes + 1):
+            best = None
+            for which in combinations(range(len(self.knobs)), n):
+                choices = [[j for j in range(self._radix[i]) if j != base[i]] for i in which]
+                for js in product(*choices):
+                    idx = list(base)
+                    for i, j in zip(which, js):
+                        idx[i] = j
+                    cost = sum(abs(j - base[i]) for i, j in zip(which, js))
+                    if (best is None or cost < best[0]) and self.is_valid_index(idx):
+                        best = (cost, tuple(idx))
+            if best is not None:
+                return self.candidate(best[1])
+        return None
+
     def neighbours(self, c: Candidate) -> list[Candidate]:
         """Valid points one move away: the next value up or down for ordered
         knobs, any other value for unordered ones."""
