@@ -67,6 +67,15 @@ def test_a_partitioned_model_tunes_per_task_records_the_decisions_and_loads_as_o
     for key, t in spec["tasks"].items():
         assert t["task_level"] == e2e["decisions"][key] and t["selected"] == t["task_level"]["decision"]
     assert spec["partition"]["parts"][0][0] == spec["partition"]["parts"][2][0]  # layer 2 reuses layer 1's task
+    from rich.console import Console
+
+    from planforge.report.summary import print_summary, summary_json
+
+    con = Console(record=True, width=200)
+    print_summary(res, con)
+    text = con.export_text()
+    assert "end to end: 4 parts in 3 tasks" in text and "control loop: a chunk of 4 steps" in text
+    assert "planning phases: partition" in text and summary_json(res)["end_to_end"]["samples"] == e2e["samples"]
     plan = planforge.load(res.spec_path, graph=g)
     xs = g.example_inputs(5)
     out, ref = plan(*xs), g.evaluate(*xs)[0]  # a one-output plan returns the array itself

@@ -5,6 +5,7 @@ import math
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..costmodel.funnel import pruned_fraction
@@ -28,6 +29,17 @@ def fmt_count(x: float) -> str:
     if not math.isfinite(x):
         return "never (nothing saved)"
     return f"{x:.3g}"
+
+
+def fmt_size(n: int | float) -> str:
+    """A space size: exact up to 10^12, then ``3.06e+76``, also past what a float holds (``7.00e+400``)."""
+    if abs(n) < 10**12:
+        return f"{int(n):,}"
+    try:
+        return f"{float(n):.3g}"
+    except OverflowError:
+        digits = str(abs(int(n)))
+        return f"{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
 
 
 def sparkline(values: list[float]) -> str:
@@ -114,7 +126,7 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
                 i = tr.task.info
                 con.print(f"  e-graph: {i.get('eclasses')} e-classes, {i.get('enodes')} e-nodes "
                           f"(saturation {i.get('saturation_s', 0):.3g} s, {i.get('saturation', {}).get('stop', '')}); "
-                          f"{i.get('graph_choices')} graph-level plans, genome of {i.get('genome_size'):.3g} points; "
+                          f"{fmt_size(i.get('graph_choices', 0))} graph-level plans, genome of {fmt_size(i.get('genome_size', 0))} points; "
                           f"extraction greedy {i.get('greedy_s', 0) * 1e3:.3g} ms, ILP {i.get('ilp_s', 0) * 1e3:.3g} ms "
                           f"({i.get('ilp')}); {i.get('pruned_by_memory', 0)} e-nodes pruned by the memory budget")
         elif tr.error:
@@ -153,6 +165,29 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
             if rho is not None and rho < LOW_SPEARMAN:
                 con.print(f"  [yellow]warning: the proxy ranks poorly (Spearman {rho:.2f} < {LOW_SPEARMAN});"
                           " do not trust proxy-only selection here[/]")
+    e2e = res.end_to_end
+    if e2e is not None:
+        part = w.partition
+        con.print(f"\n[bold]end to end[/]: {len(part.parts)} parts in {len(w.tasks)} tasks ({escape(part.reason)})")
+        con.print(f"  whole plan: median [bold green]{fmt_time(e2e.median_s)}[/], p99 {fmt_time(e2e.p99_s)} over "
+                  f"{e2e.samples} calls; {e2e.library} {fmt_time(e2e.library_median_s)} (p99 "
+                  f"{fmt_time(e2e.library_p99_s)}): {e2e.speedup:.2f}x faster", highlight=False)
+        for sh in e2e.shares:  # Amdahl order: where the time goes
+            d = e2e.decisions.get(sh["task"], {})
+            note = "" if d.get("decision", "tuned") == "tuned" and "below" not in d.get("reason", "") else \
+                f"; {escape(d.get('reason', ''))}"
+            con.print(f"  {sh['task']} x{sh['weight']}: {fmt_time(sh['latency_s'])} each, "
+                      f"{100 * sh['share']:.1f}% of the time{note}", highlight=False)
+        c = e2e.control
+        if c is not None:
+            verdict = "[green]holds[/]" if c["holds"] else "[red]does not hold[/]"
+            con.print(f"  control loop: a chunk of {c['chunk_steps']} steps computes in {fmt_time(c['chunk_compute_s'])} "
+                      f"(p99 {fmt_time(c['chunk_compute_p99_s'])}) and executes in {fmt_time(c['chunk_execute_s'])}; "
+                      f"effective {c['effective_hz']:.3g} Hz of {c['control_hz']:g} Hz with double buffering: {verdict}",
+                      highlight=False)
+    if w.phases:
+        con.print("  planning phases: " + ", ".join(f"{k.removesuffix('_s')} {v:.3g} s" for k, v in w.phases.items()),
+                  highlight=False)
     if res.ok:
         first = sum((t.result.first_measured.outcome.metric if t.result.first_measured else 0) * t.task.weight
                     for t in res.tasks)
@@ -217,6 +252,10 @@ def summary_json(res: TuneResult) -> dict[str, Any]:
                                         "evaluations": tr.result.evaluations} for tr in trs}
                       for t, trs in res.by_target.items()},
     }
+    if res.end_to_end is not None:
+        out["end_to_end"] = res.end_to_end.to_json()
+    if res.workload.phases:
+        out["phases"] = dict(res.workload.phases)
     if len(tasks) == 1:
         only = next(iter(tasks.values()))
         for k in ("latency_s", "library_latency_s", "ratio_vs_library", "fallback", "funnel"):
