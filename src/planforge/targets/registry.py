@@ -14,6 +14,7 @@ from .target import Target, TargetError
 # name -> "module:class" (relative to this package); the class takes no arguments
 TARGETS: dict[str, str] = {
     "cpu": ".cpu.target:CpuTarget",
+    "cuda": ".cuda.target:CudaTarget",
     "replay": ".replay.target:ReplayTarget",
     "table": ".table.target:TableTarget",
 }

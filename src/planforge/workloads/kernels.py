@@ -7,9 +7,23 @@ the best library when the tuned kernel is not within 95% of it.
 """
 from __future__ import annotations
 
+from typing import Any, Protocol, runtime_checkable
+
 from ..costmodel.analytic import analytic_model
 from ..targets import Target, get_target
 from .base import Manifest, Task, Workload, WorkloadError
+
+
+@runtime_checkable
+class ModelledTarget(Protocol):
+    """A target whose templates bring their own analytic model, task key and input dtypes (the cuda
+    target: a GPU roofline, and problems that carry a dtype)."""
+
+    def cost_model(self, problem, space) -> Any: ...
+
+    def task_key(self, problem) -> str: ...
+
+    def input_dtypes(self, problem) -> dict[str, str]: ...
 
 
 def _dims(shape: str, n: int, what: str) -> tuple[int, ...]:
@@ -34,15 +48,18 @@ def kernel_workload(problem, seed: int = 0, target: str | Target = "cpu") -> Wor
     target = get_target(target)
     space = target.knob_space(problem)
     backend = target.kernel_backend(problem, seed=seed)
+    own = isinstance(target, ModelledTarget)
     task = Task(
-        key=f"{problem.op}_{'x'.join(map(str, problem.dims))}_{problem.epilogue}",
+        key=target.task_key(problem) if own else f"{problem.op}_{'x'.join(map(str, problem.dims))}_{problem.epilogue}",
         space=space,
         backend=backend,
         # the roofline model: the L0 funnel, the learned model's features, the proxy diagnostics
-        cost_model=analytic_model(problem, space, target, cold=target.cold),
+        cost_model=target.cost_model(problem, space) if own else analytic_model(problem, space, target,
+                                                                                 cold=target.cold),
     )
     shapes = target.input_shapes(problem)
-    manifest = Manifest(problem.op, shapes=shapes, dtypes={k: "fp32" for k in shapes},
+    dtypes = target.input_dtypes(problem) if own else {k: "fp32" for k in shapes}
+    manifest = Manifest(problem.op, shapes=shapes, dtypes=dtypes,
                         options={"dims": list(problem.dims), "epilogue": problem.epilogue, "seed": seed})
     return Workload(manifest, [task], description=f"{problem.op} {problem.dims} {problem.epilogue} on the "
                                                   f"{target.name} target")
