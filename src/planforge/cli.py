@@ -236,6 +236,9 @@ def probe(
                                                       "smoke checks. A cached full profile is still used."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON, nothing else."),
     target: str = typer.Option("cpu", "--target", "-t", help="The target whose device to measure (default cpu)."),
+    offline: Optional[str] = typer.Option(None, "--offline", help="With --target cuda: show the published figures "
+                                                                 "of a GPU (H100, H200, A100, L4) that the model "
+                                                                 "and the funnel plan with; measures nothing."),
 ) -> None:
     """Measure this machine (peak FLOP/s, bandwidth per memory level, call overhead) and cache the profile."""
     import warnings
@@ -247,6 +250,12 @@ def probe(
 
     try:
         tgt = get_target(target)
+        if offline is not None:
+            if target != "cuda":
+                _fail(f"--offline names a GPU's published figures: use it with --target cuda, not {target!r}")
+            from .targets.cuda import CudaTarget
+
+            tgt = CudaTarget(offline=offline)
     except TargetError as e:
         _fail(str(e))
     status = err_console.status("probing", spinner="dots")
@@ -259,7 +268,7 @@ def probe(
             else:
                 with status:
                     prof = tgt.profile(force=force, quick=quick, progress=lambda m: status.update(f"probing: {m}"))
-        except (CompilerMissing, ProbeError, IsaError) as e:
+        except (CompilerMissing, ProbeError, IsaError, TargetError) as e:
             error = str(e)
         except BuildError as e:
             error = f"{e}\n{e.log}" if e.log else str(e)
@@ -280,6 +289,8 @@ def probe(
         facts.add_row(label, text)
     out_console.print(facts)
     ceil = tgt.ceilings()  # the figures the cost model reads, launch overhead included
+    if ceil.kind != "cpu":
+        return  # a GPU's facts above are its ceilings; the table below is per CPU thread
     bw = Table(title="bandwidth, GB/s", title_justify="left")
     for col in ("level", f"read ({ceil.threads} threads)", f"copy ({ceil.threads} threads)", "read (1 thread)",
                 "copy (1 thread)"):
