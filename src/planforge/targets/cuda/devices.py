@@ -10,8 +10,9 @@ a known part, so that the analytic model and the funnel can plan for it
 
 The published figures are the vendors' datasheets (dense tensor-core rates,
 no sparsity; boost clocks). Two figures are not on any datasheet and are
-marked as estimates in ``notes``: the L2 bandwidth (about twice the HBM's
-on these parts, from public microbenchmarks) and the launch overhead (a
+marked as estimates in ``notes``: the L2 bandwidth (from public
+microbenchmarks: about 3.5x the HBM's on the H100, the same on-chip figure
+for the H200, about 3x on the A100 and 4x on the L4) and the launch overhead (a
 Triton launch from Python, host side included).
 """
 from __future__ import annotations
@@ -99,23 +100,23 @@ class GpuProfile:
 
 
 _KIB, _MIB, _GB = 1024, 1024 * 1024, 10**9
-_ESTIMATES = ("L2 bandwidth: an estimate (about twice the HBM bandwidth, from public microbenchmarks); "
-              "no datasheet gives it",
+_ESTIMATES = ("L2 bandwidth: an estimate (from public microbenchmarks; the H100 and H200 share one L2 design, "
+              "so one figure); no datasheet gives it",
               "launch overhead: an estimate of one Triton launch from Python; the probe measures it on a GPU")
 
 # Datasheet figures: SXM parts for H100/H200/A100 (80 GB), the PCIe L4. Dense tensor-core rates.
 PUBLISHED: dict[str, GpuProfile] = {
     "H100": GpuProfile("NVIDIA H100 80GB HBM3", (9, 0), 132, 1.98e9, 227 * _KIB, 228 * _KIB, 65536, 2048, 32,
-                       50 * _MIB, 80 * _GB, 3.35e12, 7.0e12,
+                       50 * _MIB, 80 * _GB, 3.35e12, 11.7e12,
                        {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12}, 5e-6,
                        notes=_ESTIMATES),
     "H200": GpuProfile("NVIDIA H200", (9, 0), 132, 1.98e9, 227 * _KIB, 228 * _KIB, 65536, 2048, 32,
                        # the H200's driver reports a 60 MiB L2 (the H100's 50 MiB on its datasheet)
-                       60 * _MIB, 141 * _GB, 4.8e12, 9.6e12,
+                       60 * _MIB, 141 * _GB, 4.8e12, 11.7e12,
                        {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12}, 5e-6,
                        notes=_ESTIMATES),
     "A100": GpuProfile("NVIDIA A100-SXM4-80GB", (8, 0), 108, 1.41e9, 163 * _KIB, 164 * _KIB, 65536, 2048, 32,
-                       40 * _MIB, 80 * _GB, 2.039e12, 4.1e12,
+                       40 * _MIB, 80 * _GB, 2.039e12, 6.0e12,
                        {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12}, 5e-6,
                        notes=_ESTIMATES),
     "L4": GpuProfile("NVIDIA L4", (8, 9), 58, 2.04e9, 99 * _KIB, 100 * _KIB, 65536, 1536, 24,
