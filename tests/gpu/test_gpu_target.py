@@ -74,10 +74,10 @@ def test_shared_memory_restriction_follows_the_device(name):
 def test_default_knobs_are_valid_everywhere():
     for name in PUBLISHED:
         t = CudaTarget(offline=name)
-        for p in [t.problem("gemm", (4096, 4096, 4096), "none", "bf16"), t.problem("gemm", (16, 4096, 4096), "none", "bf16"),
-                  t.problem("gemm", (7, 9, 5)), t.problem("softmax", (8, 50)), t.problem("rmsnorm", (4, 8192), dtype="bf16"),
+        for p in [t.problem("gemm", (4096, 4096, 4096), "none:bf16"), t.problem("gemm", (16, 4096, 4096), "none:bf16"),
+                  t.problem("gemm", (7, 9, 5)), t.problem("softmax", (8, 50)), t.problem("rmsnorm", (4, 8192), ":bf16"),
                   t.problem("eltwise", (3, 5), "relu"), t.mlp_problem([(256, 256, "relu"), (256, 32, "none")]),
-                  t.problem("attention", (1, 16, 2048, 64), "none+causal", "bf16")]:
+                  t.problem("attention", (1, 16, 2048, 64), "none+causal:bf16")]:
             sp = t.knob_space(p)
             d = t.default_knobs(p)
             assert not sp.violations(d), (name, p.label, d, sp.violations(d))
@@ -118,14 +118,14 @@ def test_model_sees_wave_quantisation_and_small_tiles():
     knobs = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 8, "num_stages": 3,
              "SPLIT_K": 1}
     # one wave of compute-bound (fp32) tiles, then a row of tiles more: the busiest SM runs two
-    full = t.problem("gemm", (128 * rows, 128 * (sms // rows), 8192), "none", "fp32")
-    more = t.problem("gemm", (128 * rows + 1, 128 * (sms // rows), 8192), "none", "fp32")
+    full = t.gpu_problem("gemm", (128 * rows, 128 * (sms // rows), 8192), "none", "fp32")
+    more = t.gpu_problem("gemm", (128 * rows + 1, 128 * (sms // rows), 8192), "none", "fp32")
     (sa, ma), (sb, mb) = _model(t, full), _model(t, more)
     ta = ma.predict([sa.make(knobs)])[0]
     tb = mb.predict([sb.make(knobs)])[0]
     assert tb > 1.6 * ta
     # at 4096^3 bf16, 16x16 tiles stream operands far more often than 128x128 ones
-    p = t.problem("gemm", (4096, 4096, 4096), "none", "bf16")
+    p = t.gpu_problem("gemm", (4096, 4096, 4096), "none", "bf16")
     sp, m = _model(t, p)
     knobs = {**knobs, "BLOCK_K": 64}
     small = {**knobs, "BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 2}
@@ -137,7 +137,7 @@ def test_kernel_workload_takes_the_gpu_model_and_a_dtype_key():
 
     pytest.importorskip("triton", reason="triton is not installed: the interpreter backend cannot start")
     t = CudaTarget(pinned=offline("H200"), device="cpu")
-    wl = kernel_workload(t.problem("gemm", (20, 24, 40), "bias_relu", "bf16"), target=t)
+    wl = kernel_workload(t.gpu_problem("gemm", (20, 24, 40), "bias_relu", "bf16"), target=t)
     (task,) = wl.tasks
     assert task.key == "gemm_20x24x40_bias_relu_bf16"
     assert task.cost_model.name == "gpu-roofline"

@@ -130,6 +130,33 @@ class CudaBackend:
         res = {k: failed.get(k) or Outcome.measured(times[k]) for k, _ in jobs}
         return [res[c.fingerprint] for c in candidates], {n: res[n] for n in libs}
 
+    def precompile(self, candidates: Sequence[Candidate], workers: int = 8) -> dict[str, str]:
+        """Compile ``candidates`` in ``workers`` parallel processes (default 8) before they are measured.
+
+        Each process launches a candidate once on the real inputs, which makes Triton compile it for
+        exactly the specialisation the measurement will launch and store it in Triton's on-disk cache;
+        the measuring worker then loads it instead of compiling it on its own, one at a time. Returns
+        the candidates that failed, fingerprint -> message (they fail the same way when measured)."""
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        jobs = {c.fingerprint: {**self._job("triton", c.as_dict()), "check": False, "launch_only": True}
+                for c in candidates}
+        failed: dict[str, str] = {}
+        if not jobs:
+            return failed
+        ctx = mp.get_context("spawn")  # a forked CUDA context is unusable; each process makes its own
+        with cf.ProcessPoolExecutor(max_workers=max(1, min(workers, len(jobs))), mp_context=ctx) as pool:
+            futs = {pool.submit(run_job, job): fp for fp, job in jobs.items()}
+            for f in cf.as_completed(futs):
+                try:
+                    r = f.result()
+                except Exception as e:  # noqa: BLE001 - a lost compile process costs its candidates nothing
+                    r = {"status": "runtime", "message": f"{type(e).__name__}: {e}"}
+                if r["status"] != "ok":
+                    failed[futs[f]] = f"{r['status']}: {r.get('message', '')}"[:LOG_LIMIT]
+        return failed
+
     def program(self, candidate: Candidate) -> None:
         return None
 

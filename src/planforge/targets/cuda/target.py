@@ -86,8 +86,10 @@ class CudaTarget:
     def fingerprint(self) -> str:
         if self.pinned is not None:
             return self.pinned.fingerprint
-        self._need_gpu("identify its device")
-        from .probe import driver_facts
+        from .probe import driver_facts, no_gpu_reason
+
+        if self.device == "cpu" or no_gpu_reason():
+            return "cuda-unavailable"  # nothing is measured under this name: every measuring request fails first
 
         f = driver_facts()
         return GpuProfile(f["name"], tuple(f["capability"]), f["sms"], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {},
@@ -145,10 +147,15 @@ class CudaTarget:
         return self._ceilings
 
     # -- the templates ---------------------------------------------------------------
-    def problem(self, op: str, dims: Sequence[int], epilogue: str = "none", dtype: str = "fp32",
-                residual: bool = False, causal: bool = False) -> CudaProblem:
-        """A problem for one of the Triton templates; ``epilogue`` may carry ``+res``, ``+causal`` and
-        ``:DTYPE`` (``bias_gelu+res:bf16``), see ``problem.parse``."""
+    def problem(self, op: str, dims: Sequence[int], epilogue: str = "none") -> CudaProblem:
+        """A problem for one of the Triton templates, in fp32 unless ``epilogue`` says otherwise: it may
+        carry ``+res``, ``+causal`` and ``:DTYPE`` (``bias_gelu+res:bf16``), see ``problem.parse``."""
+        return self.gpu_problem(op, dims, epilogue)
+
+    def gpu_problem(self, op: str, dims: Sequence[int], epilogue: str = "none", dtype: str = "fp32",
+                    residual: bool = False, causal: bool = False) -> CudaProblem:
+        """``problem`` with the GPU's own parameters spelled out: the input ``dtype`` (fp32, tf32, bf16,
+        fp16; default fp32), a GEMM's ``residual`` and attention's ``causal`` mask (default False)."""
         try:
             return parse(op, dims, epilogue, dtype, residual, causal)
         except (ProblemError, ValueError) as e:
