@@ -52,6 +52,7 @@ class Synthetic:
         for _ in range(evals):
             self.state.evals += 1
             b = self.f(self.state.evals)
+            self.state.metrics.append(b)
             if self.state.best is None or b < self.state.best:
                 self.state.curve.append((self.state.evals, b))
         return evals

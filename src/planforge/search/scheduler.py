@@ -11,9 +11,8 @@ round gives each task a few evaluations; after that each next grant of
   far; how fast that share still falls is estimated from the task's
   best-so-far curve (its slope over the last ``window`` evaluations)
   blended with an optimistic term, best / evaluations, which is large for a
-  task barely explored and fades as it is explored, faster when its curve
-  has gone flat. A task with no valid plan yet comes first: the plan needs
-  every task.
+  task barely explored and fades as it is explored. A task with no valid
+  plan yet comes first: the plan needs every task.
 - ``round-robin``: the task with the fewest evaluations, so that the budget
   splits evenly.
 
@@ -55,6 +54,7 @@ class TaskState:
         weight: how often the task runs per workload execution (its end-to-end multiplier).
         evals: evaluations its search has spent (default 0).
         curve: (evaluation, best metric so far) at each improvement (default empty).
+        metrics: every valid metric measured, in order (default empty).
         stopped: why its search can take no more (default "": it is open).
         grants: grants it has had (default 0).
     """
@@ -63,6 +63,7 @@ class TaskState:
     weight: float
     evals: int = 0
     curve: list[tuple[int, float]] = field(default_factory=list)
+    metrics: list[float] = field(default_factory=list)
     stopped: str = ""
     grants: int = 0
 
@@ -75,6 +76,11 @@ class TaskState:
         """The best metric after its first ``n`` evaluations (None: none valid by then)."""
         i = bisect.bisect_right([e for e, _ in self.curve], n)
         return self.curve[i - 1][1] if i else None
+
+    @property
+    def median(self) -> float | None:
+        """The median valid metric measured (the lower middle one of an even count; None before any)."""
+        return sorted(self.metrics)[(len(self.metrics) - 1) // 2] if self.metrics else None
 
     @property
     def share(self) -> float | None:
@@ -116,26 +122,40 @@ class Gradient:
 
     - slope: how much its best latency fell per evaluation over its last ``window`` evaluations (since its
       first valid one, when that is more recent): what the task is doing now.
-    - hope: best / evaluations, scaled by (evaluation of its last improvement) / evaluations. A task barely
-      explored gets the optimistic guess that it goes on improving as fast as it has on average (best / n,
-      large for small n); the scale trusts that guess in proportion to how recently the task last improved,
-      so a task whose curve went flat long ago fades (as 1 / n^2) while one still improving keeps its hope.
+    - hope: best / evaluations, the optimistic guess that it goes on improving as fast as it has on average
+      since it started from nothing; large for a task barely explored, fading as it is explored. For a
+      search whose best falls as c / n it is the true marginal gain up to a constant, so between tasks of
+      that kind the budget goes as the square root of their end-to-end shares, which minimises their sum.
+      A task whose measured plans are all about as fast as its best (their median within ``flat`` of it)
+      has little left to find: its hope shrinks in proportion, to 0 when every plan measured the same.
+
+    alpha 0.2 and the backward window are Ansor's. On synthetic random-search tasks (3 to 8 tasks of
+    shares 2-50%, 30 families x 5 seeds, the reference the best final end-to-end estimate of any
+    scheduler) this reached within 5% of the reference in 0.80-0.90x round-robin's mean evaluations, and in
+    0.68x where one heavy task's plans were all equally fast (plain best / n: 0.89-0.91x there). Two
+    alternatives did worse on the random tasks: scaling hope by how recently the task last improved
+    (0.88-0.99x) and replacing best by (median - best) (1.0-1.1x).
 
     Parameters:
-        alpha: weight of the slope against the hope (default 0.5).
+        alpha: weight of the slope against the hope (default 0.2).
         window: evaluations the slope looks back over (default 8).
+        flat: a task whose median measured plan is within this fraction of its best has its hope scaled
+            by (median - best) / (flat x best) (default 0.02).
         patience: a task with no valid measurement comes first until it has had this many evaluations,
             then last (default 16), so that a task whose every plan fails cannot take the whole budget.
     """
 
-    alpha: float = 0.5
+    alpha: float = 0.2
     window: int = 8
+    flat: float = 0.02
     patience: int = 16
     name: ClassVar[str] = "gradient"
 
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"gradient scheduler: alpha must be within [0, 1], got {self.alpha}")
+        if self.flat <= 0:
+            raise ValueError(f"gradient scheduler: flat must be positive, got {self.flat}")
         if self.window < 1 or self.patience < 1:
             raise ValueError(f"gradient scheduler: window and patience must be at least 1, got "
                              f"{self.window} and {self.patience}")
@@ -147,14 +167,16 @@ class Gradient:
         n = max(1, s.evals)
         start = max(n - self.window, s.curve[0][0])
         slope = (s.best_at(start) - s.best) / max(1, n - start)
-        hope = s.best / n * (s.curve[-1][0] / n)
+        spread = (s.median - s.best) / (self.flat * s.best) if s.best > 0 else 1.0
+        hope = s.best / n * min(1.0, spread)
         return s.weight * (self.alpha * slope + (1.0 - self.alpha) * hope)
 
     def scores(self, states: Sequence[TaskState]) -> list[float]:
         return [self.gain(s) for s in states]
 
     def describe(self) -> dict:
-        return {"name": self.name, "alpha": self.alpha, "window": self.window, "patience": self.patience}
+        return {"name": self.name, "alpha": self.alpha, "window": self.window, "flat": self.flat,
+                "patience": self.patience}
 
 
 SCHEDULERS: dict[str, type] = {"gradient": Gradient, "round-robin": RoundRobin}
@@ -168,7 +190,7 @@ def make_scheduler(name: str, **options) -> Scheduler:
     known = {f.name for f in dataclasses.fields(cls)}
     bad = sorted(set(options) - known)
     if bad:
-        raise ValueError(f"scheduler {name!r} has no option {', '.join(bad)}; its options: "
+        raise ValueError(f"scheduler {name!r} has no option {', '.join(map(repr, bad))}; its options: "
                          f"{', '.join(sorted(known)) or 'none'}")
     return cls(**options)
 
@@ -373,6 +395,7 @@ class TaskSearch:
         spent = len([t for t in trials if t.n]) - st.evals
         st.evals += spent
         st.curve = _curve(trials)
+        st.metrics = [t.outcome.metric for t in trials if t.outcome.ok]
         if evals is not None and spent < evals or evals is None:
             st.stopped = self._stop.get(main, "") or "no measurement slot is left"
         return spent
