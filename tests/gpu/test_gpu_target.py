@@ -177,7 +177,8 @@ def test_measuring_path_in_the_interpreter_with_a_library_baseline():
         libs = b.baselines()
         assert set(libs) == {"torch"} and libs["torch"].ok, libs["torch"].message
         outs, libs2 = b.remeasure([c], rounds=2)
-        assert outs[0].ok and len(outs[0].times) >= 2 * len(o.times) - 1
+        assert outs[0].ok and len(outs[0].times) >= 2  # both rounds' raw times pooled (at least one each)
+        assert libs2["torch"].ok
         # a template job on a problem its knobs do not fit: the block misses most of the row
         bad = b._job("triton", {"BLOCK": 64, "num_warps": 1})
         bad["problem"] = CudaProblem("softmax", (3, 40), dtype="bf16").to_json()
