@@ -1,0 +1,247 @@
+"""Batch-1 control loops: the fused MLP on its persistent weight-stationary pool, and the lean call path.
+
+Every split, thread count (more threads than cores included) and spin bound gives the fp64 reference's answer
+under both ISA views; thousands of calls with sleeps between them (workers asleep past the spin bound) stay
+right; a plan's workers stop when it is freed; the plan's hot path reads and writes the caller's arrays in place
+when it can and falls back to copying when it cannot."""
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import time
+
+import numpy as np
+import pytest
+
+from planforge.ir.zoo import policy_mlp
+from planforge.ops.kernel import MlpProblem, epilogue_of_act
+from planforge.targets.cpu.build import IsaError, build, build_many, isa_flags, load
+from planforge.targets.cpu.templates import default_knobs, knob_space, mlp
+from planforge.targets.cpu.templates.epilogues import apply_chain
+
+
+def weights(layers, seed=0):
+    rng = np.random.default_rng(seed)
+    ws = [(rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32) for k, n, _ in layers]
+    bs = [rng.standard_normal(n).astype(np.float32) for _, n, _ in layers]
+    return ws, bs
+
+
+def reference(layers, ws, bs, x):
+    """fp64 forward pass of ``x`` ([K] or [rows, K])."""
+    h = np.asarray(x, np.float64)
+    for (_, _, act), w, b in zip(layers, ws, bs):
+        h = apply_chain(h @ w.astype(np.float64), epilogue_of_act(act), b.astype(np.float64))
+    return h
+
+
+def close(y, ref):
+    tol = 2e-4 * (1.0 + float(np.abs(ref).max()))
+    err = float(np.abs(y.astype(np.float64) - ref).max())
+    assert err <= tol, f"max |y - ref| = {err:.3g} > {tol:.3g}"
+
+
+def isa_or_skip(isa):
+    try:
+        isa_flags(isa)
+    except IsaError as e:
+        pytest.skip(str(e))
+
+
+# odd shapes: columns that leave tails, fewer column blocks than threads, K smaller than the threads, one layer
+SHAPES = {
+    "three": ((19, 37, "relu"), (37, 70, "gelu:tanh"), (70, 5, "none")),
+    "one": ((33, 3, "sigmoid"),),
+    "thin": ((1, 17, "relu"), (17, 2, "tanh")),
+}
+INNER = [{"vec": 8, "jb": 2, "ksplit": 2, "unroll": 2}, {"vec": 4, "jb": 1, "ksplit": 4, "unroll": 1},
+         {"vec": 1, "jb": 4, "ksplit": 1, "unroll": 4}, {"vec": 16, "jb": 1, "ksplit": 1, "unroll": 2}]
+
+
+def settings(layers, threads):
+    """Every split combination at each thread count, the inner-loop knobs cycled through ``INNER``."""
+    out = []
+    for i, (t, splits) in enumerate(itertools.product(threads, itertools.product("nk", repeat=len(layers)))):
+        k = dict(INNER[i % len(INNER)], threads=t, spin_us=mlp.SPIN_US[i % len(mlp.SPIN_US)])
+        k.update(zip(mlp.split_names(layers), splits))
+        out.append(k)
+    return out
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_every_split_and_thread_count_is_correct(isa):
+    isa_or_skip(isa)
+    cases = []
+    for name, layers in SHAPES.items():
+        threads = (1, 2, 3) if name == "three" else (1, 2)  # 3 threads on 2 cores: oversubscribed, still right
+        cases += [(layers, k) for k in settings(layers, threads)]
+    if isa != "native":
+        cases = cases[::2]  # the other view: every second setting (each split still at some thread count)
+    built = build_many([(mlp.source(layers, k), False) for layers, k in cases], isa=isa)
+    rng = np.random.default_rng(1)
+    for (layers, knobs), (b, err, log) in zip(cases, built):
+        assert b is not None, f"{knobs}: {err}\n{log}"
+        ws, bs = weights(layers)
+        x = rng.standard_normal(layers[0][0]).astype(np.float32)
+        y = np.full(layers[-1][1], np.nan, np.float32)
+        run = mlp.bind(load(b), layers, knobs, x, ws, bs, y)
+        for _ in range(3):  # several calls: the progress counters carry over between calls
+            y[:] = np.nan
+            run()
+            close(y, reference(layers, ws, bs, x))
+        run.pool.close()
+
+
+def test_thousands_of_calls_with_sleeps_stay_right():
+    layers = SHAPES["three"]
+    knobs = {"vec": 8, "jb": 1, "ksplit": 2, "unroll": 2, "threads": 2, "split0": "k", "split1": "n", "split2": "k",
+             "spin_us": 100}
+    lib = load(build(mlp.source(layers, knobs)))
+    ws, bs = weights(layers, 3)
+    X = np.random.default_rng(2).standard_normal((3000, layers[0][0])).astype(np.float32)
+    ref = reference(layers, ws, bs, X)
+    x = np.zeros(layers[0][0], np.float32)
+    y = np.zeros(layers[-1][1], np.float32)
+    run = mlp.bind(lib, layers, knobs, x, ws, bs, y)
+    got = np.empty((len(X), layers[-1][1]), np.float32)
+    for i, row in enumerate(X):
+        if i % 500 == 499:
+            time.sleep(0.003)  # past the 100 us spin bound: the worker sleeps, the next call must wake it
+        x[:] = row
+        run()
+        got[i] = y
+    close(got, ref)
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_workers_stop_when_the_plan_is_freed():
+    layers = SHAPES["three"]
+    knobs = dict(INNER[0], threads=3, split0="n", split1="k", split2="n", spin_us=100)
+    lib = load(build(mlp.source(layers, knobs)))
+    ws, bs = weights(layers)
+    gc.collect()
+    before = _threads()
+    runs = []
+    for _ in range(4):
+        x, y = np.ones(layers[0][0], np.float32), np.zeros(layers[-1][1], np.float32)
+        runs.append(mlp.bind(lib, layers, knobs, x, ws, bs, y))
+        runs[-1]()
+    assert _threads() == before + 4 * 2  # two workers each (the caller is thread 0)
+    pool = runs[0].pool
+    pool.close()
+    pool.close()  # twice is harmless
+    assert not pool.alive and _threads() == before + 3 * 2
+    del runs, pool
+    gc.collect()
+    assert _threads() == before
+
+
+def test_space_keeps_one_thread_and_canonical_spin(lim):
+    layers = SHAPES["three"]
+    sp = knob_space(MlpProblem(layers), lim)
+    one = [c for c in sp.enumerate() if c["threads"] == 1]
+    assert one and {c["spin_us"] for c in one} == {mlp.SPIN_US[0]}
+    if lim.physical_cores > 1:
+        many = [c for c in sp.enumerate() if c["threads"] > 1]
+        assert {c["spin_us"] for c in many} == set(mlp.SPIN_US)
+        assert {tuple(c[s] for s in mlp.split_names(layers)) for c in many} == set(itertools.product("nk", repeat=3))
+    d = default_knobs(MlpProblem(layers), lim)
+    assert sp.is_valid(sp.make(d))
+
+
+def test_defaults_split_by_what_each_thread_holds():
+    from planforge.targets.cpu.templates import Limits
+
+    small = Limits("x", 8, 16, 2, {"L1d": 48 * 1024, "L2": 2 * 2**20, "L3": 32 * 2**20})
+    tiny = ((16, 16, "relu"), (16, 4, "none"))
+    assert mlp.defaults(tiny, small)["threads"] == 1  # a few KiB of weights: a barrier costs more than it saves
+    big = ((256, 256, "relu"), (256, 256, "relu"), (256, 32, "none"))
+    d = mlp.defaults(big, small)
+    assert d["threads"] == 2 and d["split0"] == "n" and d["split2"] == "k"  # 32 columns: too few blocks for two
+
+
+# -- the plan's hot path -------------------------------------------------------------------------------------------
+
+def mlp_program(widths, knobs, acts=None):
+    """The program of ``policy_mlp(1, widths)`` as one fused MLP step (what a tuned spec records)."""
+    L = len(widths) - 1
+    acts = acts or ["relu"] * (L - 1) + ["none"]
+    prog = [{"args": ["obs"], "cls": "X", "inputs": [], "knobs": None, "op": "T.input", "problem": None,
+             "shape": [1, widths[0]]}]
+    prev = None
+    for i, (k, n) in enumerate(zip(widths[:-1], widths[1:])):
+        prog.append({"args": [f"l{i}.w"], "cls": f"W{i}", "inputs": [], "knobs": None, "op": "T.param",
+                     "problem": None, "shape": [k, n]})
+        prog.append({"args": [f"l{i}.b"], "cls": f"B{i}", "inputs": [], "knobs": None, "op": "T.param",
+                     "problem": None, "shape": [n]})
+        ins = [f"W{i}", f"B{i}"] if prev is None else [prev, f"W{i}", f"B{i}"]
+        prog.append({"args": [acts[i]], "cls": f"L{i}", "inputs": ins, "knobs": None,
+                     "op": "Layers.one" if prev is None else "Layers.then", "problem": None, "shape": None})
+        prev = f"L{i}"
+    layers = [[k, n, a] for k, n, a in zip(widths[:-1], widths[1:], acts)]
+    prog.append({"args": [], "cls": "Y", "inputs": ["X", prev], "knobs": knobs, "op": "fused_mlp",
+                 "problem": {"layers": layers, "op": "mlp"}, "shape": [1, widths[-1]]})
+    return prog
+
+
+def mlp_plan(widths=(19, 37, 23, 5), threads=2, splits=None):
+    from planforge.targets.cpu import CpuTarget
+
+    g = policy_mlp(1, tuple(widths))
+    knobs = dict(INNER[0], threads=threads, spin_us=mlp.SPIN_US[0])
+    splits = splits or ["n"] * (len(widths) - 1)
+    knobs.update(zip([f"split{i}" for i in range(len(widths) - 1)], splits))
+    return g, CpuTarget().plan(g, mlp_program(widths, knobs))
+
+
+def test_plan_hot_path_in_place_and_out():
+    from planforge.targets.cpu import fastcall
+
+    g, plan = mlp_plan(splits=["k", "n", "k"])
+    (x,) = g.example_inputs(0)
+    ref = g.evaluate(x)[0]
+    want = plan(x)[0]
+    close(want, ref)
+    f = plan.single()
+    if fastcall.unavailable() is None:
+        assert type(f).__name__ == "Bound"  # one compiled call, no Python in between
+    y = f(x)
+    assert y.shape == want.shape and y.dtype == np.float32 and np.array_equal(y, want)
+    out = np.zeros_like(want)
+    assert f(x, out=out) is out and np.array_equal(out, want)
+    assert f(x, out) is out
+    # what cannot be read in place goes the copy path, with the same answer
+    wide = np.zeros((1, 2 * x.shape[1]), np.float32)
+    wide[:, ::2] = x
+    assert np.array_equal(f(wide[:, ::2]), want)           # a strided view
+    assert np.allclose(f(x.astype(np.float64)), want)     # another dtype
+    strided_out = np.zeros((1, 2 * want.shape[1]), np.float32)[:, ::2]
+    assert f(x, out=strided_out) is strided_out and np.array_equal(strided_out, want)
+    slow = plan.single(lean=False)
+    assert np.array_equal(slow(x), want) and slow(x, out=out) is out
+    from planforge.targets.cpu.plan import PlanError
+
+    with pytest.raises(PlanError, match="out has shape"):
+        slow(x, out=np.zeros(7, np.float32))
+    outs = [np.zeros_like(want)]
+    assert plan(x, out=outs)[0] is outs[0] and np.array_equal(outs[0], want)
+
+
+def test_plan_pool_stops_with_the_plan():
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("counts threads through /proc")
+    gc.collect()
+    before = _threads()
+    g, plan = mlp_plan(threads=2)
+    f = plan.single()
+    (x,) = g.example_inputs(0)
+    f(x)
+    assert _threads() == before + 1
+    del plan, f
+    gc.collect()
+    assert _threads() == before
