@@ -48,9 +48,10 @@ class Template:
     bind: Callable[..., Callable[[], None]]
     defaults: Callable[[Any, Limits], dict[str, Any]] | None = None  # None: each knob's first value
     registry: str = "planforge.targets.cpu.templates"  # module whose TEMPLATES holds it (workers look it up there)
+    openmp_threads: bool = True  # threads > 1 means OpenMP (-fopenmp); False: the template runs its own threads
 
     def openmp(self, knobs: dict) -> bool:
-        return knobs.get("threads", 1) > 1
+        return self.openmp_threads and knobs.get("threads", 1) > 1
 
 
 def _vec(lim: Limits) -> int:
@@ -95,9 +96,10 @@ TEMPLATES: dict[str, Template] = {
     "mlp": Template(
         "mlp",
         space=lambda p, lim: mlp.space(p.layers, lim),
-        defaults=_gemv_defaults,
+        defaults=lambda p, lim: mlp.defaults(p.layers, lim),
         source=lambda p, k: mlp.source(p.layers, k),
         bind=lambda lib, p, k, i, out: mlp.bind(lib, p.layers, k, i["x"], i["weights"], i["biases"], out),
+        openmp_threads=False,  # its threads are its own persistent pool (templates/pool.py)
     ),
     **{op: Template(
         op,
