@@ -222,8 +222,11 @@ class Plan:
         for f in self.steps:
             f()
 
-    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        """Outputs (fresh arrays) for ``inputs``; the hot path is one copy in, the steps, one copy out."""
+    def __call__(self, *inputs: np.ndarray, out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Outputs for ``inputs``: fresh arrays, or written into ``out`` (one array per output, default None)
+        and returned; the hot path is one copy in, the steps, one copy out."""
+        if out is not None and len(out) != len(self._out):
+            raise PlanError(f"out holds {len(out)} arrays; the plan has {len(self._out)} outputs")
         if len(inputs) != len(self._in):
             raise PlanError(f"the plan takes {len(self._in)} inputs ({', '.join(self.graph.inputs)}), got {len(inputs)}")
         for (name, view), x in zip(self._in, inputs):
@@ -236,7 +239,13 @@ class Plan:
             np.copyto(view, x, casting="same_kind")
         for f in self.steps:
             f()
-        return [o.copy() for o in self._out]
+        if out is None:
+            return [o.copy() for o in self._out]
+        for o, r in zip(out, self._out):
+            if getattr(o, "shape", None) != r.shape:
+                raise PlanError(f"an out array has shape {getattr(o, 'shape', None)}; that output is {r.shape}")
+            np.copyto(o, r, casting="same_kind")
+        return list(out)
 
     def run_on(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """``__call__`` for inputs already known to have the tuned shapes and dtype (no checks)."""
@@ -256,24 +265,45 @@ class Plan:
             f()
         return self._out
 
-    def single(self) -> Callable[[np.ndarray], np.ndarray]:
-        """For a one-input, one-output plan: ``f(x) -> y`` with everything bound (no checks)."""
-        view = self._in[0][1]
-        out = self._out[0]
-        steps = tuple(self.steps)
-        if view is None:
-            def run(x):
-                for f in steps:
-                    f()
-                return out.copy()
-            return run
+    single_takes_out = True  # single()'s f(x, out=None) writes into a given output array
 
-        def run(x):
-            view[...] = x
+    def single(self, lean: bool = True, fallback: Callable | None = None) -> Callable[..., np.ndarray]:
+        """For a one-input, one-output plan: ``f(x, out=None) -> y`` with everything bound (no shape checks).
+
+        ``out``: an array of the output's shape to write into and return (default None: a fresh array).
+        ``lean`` (default True): when the plan is one native step that takes its buffers per call (a fused
+        MLP), ``f`` is one compiled call (``fastcall``) that reads a C-contiguous fp32 ``x`` in place and
+        writes a C-contiguous fp32 ``out`` in place, with no copy in or out; any other ``x`` or ``out`` goes
+        the copy path (``x`` copied into the plan's input slot, the steps, the output copied out), or to
+        ``fallback(x, out)`` when given (default None: the copy path), which then checks and converts them."""
+        view = self._in[0][1]
+        res = self._out[0]
+        steps = tuple(self.steps)
+        shape = res.shape
+
+        def run(x, out=None):
+            if view is not None:
+                view[...] = x
             for f in steps:
                 f()
-            return out.copy()
+            if out is None:
+                return res.copy()
+            if getattr(out, "shape", None) != shape:
+                raise PlanError(f"out has shape {getattr(out, 'shape', None)}; the plan's output is {shape}")
+            np.copyto(out, res, casting="same_kind")
+            return out
 
+        entry = getattr(steps[0], "entry", None) if lean and len(steps) == 1 and view is not None else None
+        # the one step must read the input slot and write the output slot, or skipping them would skip data
+        if entry is not None and entry[3:] == (view.ctypes.data, res.ctypes.data):
+            from functools import partial
+
+            from .fastcall import bound
+
+            fast = bound(entry[0], entry[1], view.shape, shape, partial(np.empty, shape, np.float32),
+                         fallback or run, entry[2])
+            if fast is not None:
+                return fast
         return run
 
     @property

@@ -1,0 +1,215 @@
+"""The lean call path of a batch-1 plan: one native call from Python, its buffers taken in place.
+
+A ctypes call costs a few hundred nanoseconds on its own, and getting an
+array's address from Python (``x.ctypes.data``) as much again; at a 5 us
+kernel that is a tenth of the call. This module builds (once per machine,
+content-hash cached like every kernel) a tiny CPython extension whose
+``Bound`` object calls a plan's C entry ``run(handle, in, out)`` directly:
+it checks through the buffer protocol that ``x`` (and ``out``, when given)
+are C-contiguous fp32 of the plan's shapes and do not overlap, and runs the
+kernel on them in place, holding the GIL (the call is shorter than a release
+and re-acquire). Anything else (another dtype, a strided view, a list, a
+torch tensor) goes to the plan's own Python path, which converts and checks.
+
+``bound(fn_addr, handle, in_shape, out_shape, alloc, fallback, keep)`` returns the
+callable, or None when the extension cannot be built here (no Python
+headers, no compiler): the caller then keeps its ctypes path;
+``unavailable()`` says why.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sysconfig
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+_SOURCE = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+typedef void (*run_fn)(void *, const float *, float *);
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    run_fn fn;
+    void *h;
+    Py_ssize_t nin, nout;
+    int din, dout;                /* ndim of the input and the output; their shapes follow */
+    Py_ssize_t sin[8], sout[8];
+    PyObject *alloc, *fallback, *keep;
+} Bound;
+
+/* a C-contiguous fp32 buffer of shape dims[0..nd), or -1 (nothing held, no error set) */
+static int f32(PyObject *o, Py_buffer *b, int writable, Py_ssize_t n, int nd, const Py_ssize_t *dims) {
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) != 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    const char *f = b->format ? b->format : "B";
+    if (f[0] == '<' || f[0] == '=' || f[0] == '@') f++;
+    int ok = b->itemsize == 4 && b->len == n * 4 && f[0] == 'f' && f[1] == 0 && b->ndim == nd;
+    for (int i = 0; ok && i < nd; i++) ok = b->shape && b->shape[i] == dims[i];
+    if (!ok) {
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *bound_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Bound *B = (Bound *)self;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    PyObject *x = n > 0 ? args[0] : NULL, *out = n > 1 ? args[1] : NULL;
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), "out") == 0 && !out) out = args[n + i];
+        else return PyObject_Vectorcall(B->fallback, args, nargsf, kwnames);
+    }
+    if (!x || n > 2) return PyObject_Vectorcall(B->fallback, args, nargsf, kwnames);
+    Py_buffer bx, by;
+    if (f32(x, &bx, 0, B->nin, B->din, B->sin) != 0) return PyObject_Vectorcall(B->fallback, args, nargsf, kwnames);
+    PyObject *y;
+    if (out == NULL || out == Py_None) {
+        y = PyObject_CallNoArgs(B->alloc);
+        if (!y) { PyBuffer_Release(&bx); return NULL; }
+    } else {
+        Py_INCREF(out);
+        y = out;
+    }
+    if (f32(y, &by, 1, B->nout, B->dout, B->sout) != 0) {
+        PyBuffer_Release(&bx);
+        Py_DECREF(y);
+        return PyObject_Vectorcall(B->fallback, args, nargsf, kwnames);
+    }
+    const char *xa = (const char *)bx.buf, *ya = (const char *)by.buf;
+    if (xa < ya + by.len && ya < xa + bx.len) {  /* overlapping: the kernel may read what it already wrote */
+        PyBuffer_Release(&bx);
+        PyBuffer_Release(&by);
+        Py_DECREF(y);
+        return PyObject_Vectorcall(B->fallback, args, nargsf, kwnames);
+    }
+    B->fn(B->h, (const float *)bx.buf, (float *)by.buf);
+    PyBuffer_Release(&bx);
+    PyBuffer_Release(&by);
+    return y;
+}
+
+static int bound_init(PyObject *self, PyObject *args, PyObject *kw) {
+    Bound *B = (Bound *)self;
+    unsigned long long fn, h;
+    PyObject *shin, *shout, *alloc, *fallback, *keep;
+    if (!PyArg_ParseTuple(args, "KKO!O!OOO", &fn, &h, &PyTuple_Type, &shin, &PyTuple_Type, &shout, &alloc,
+                          &fallback, &keep)) return -1;
+    B->din = (int)PyTuple_GET_SIZE(shin);
+    B->dout = (int)PyTuple_GET_SIZE(shout);
+    if (!fn || B->din > 8 || B->dout > 8) { PyErr_SetString(PyExc_ValueError, "Bound: a null entry or over 8 dims"); return -1; }
+    B->nin = B->nout = 1;
+    for (int i = 0; i < B->din; i++) { B->sin[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shin, i)); B->nin *= B->sin[i]; }
+    for (int i = 0; i < B->dout; i++) { B->sout[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shout, i)); B->nout *= B->sout[i]; }
+    if (PyErr_Occurred()) return -1;
+    B->fn = (run_fn)(uintptr_t)fn;
+    B->h = (void *)(uintptr_t)h;
+    Py_INCREF(alloc); Py_XSETREF(B->alloc, alloc);
+    Py_INCREF(fallback); Py_XSETREF(B->fallback, fallback);
+    Py_INCREF(keep); Py_XSETREF(B->keep, keep);
+    B->vectorcall = bound_call;
+    return 0;
+}
+
+static int bound_traverse(PyObject *self, visitproc visit, void *arg) {
+    Bound *B = (Bound *)self;
+    Py_VISIT(B->alloc); Py_VISIT(B->fallback); Py_VISIT(B->keep);
+    return 0;
+}
+
+static int bound_clear(PyObject *self) {
+    Bound *B = (Bound *)self;
+    Py_CLEAR(B->alloc); Py_CLEAR(B->fallback); Py_CLEAR(B->keep);
+    return 0;
+}
+
+static void bound_dealloc(PyObject *self) {
+    PyObject_GC_UnTrack(self);
+    bound_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyTypeObject BoundType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_pf_fastcall.Bound",
+    .tp_basicsize = sizeof(Bound),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Bound(fn, handle, in_shape, out_shape, alloc, fallback, keep): f(x, out=None) -> out",
+    .tp_vectorcall_offset = offsetof(Bound, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = PyType_GenericNew,
+    .tp_init = bound_init,
+    .tp_traverse = bound_traverse,
+    .tp_clear = bound_clear,
+    .tp_dealloc = bound_dealloc,
+};
+
+static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_pf_fastcall", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__pf_fastcall(void) {
+    if (PyType_Ready(&BoundType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&mod);
+    if (!m) return NULL;
+    Py_INCREF(&BoundType);
+    if (PyModule_AddObject(m, "Bound", (PyObject *)&BoundType) < 0) { Py_DECREF(&BoundType); Py_DECREF(m); return NULL; }
+    return m;
+}
+"""
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def _module():
+    """The built extension module, or None (``_state["why"]`` says why)."""
+    with _lock:
+        if "mod" in _state:
+            return _state["mod"]
+        mod, why = None, None
+        inc = sysconfig.get_paths().get("include")
+        if not inc or not (Path(inc) / "Python.h").is_file():
+            why = f"no Python headers (Python.h) in {inc}"
+        else:
+            from .build import BuildError, CompilerMissing, IsaError, build
+
+            try:
+                built = build(_SOURCE, extra_flags=(f"-I{inc}",))
+                loader = importlib.machinery.ExtensionFileLoader("_pf_fastcall", str(built.path))
+                spec = importlib.util.spec_from_file_location("_pf_fastcall", str(built.path), loader=loader)
+                mod = importlib.util.module_from_spec(spec)
+                loader.exec_module(mod)
+            except (BuildError, CompilerMissing, IsaError, ImportError, OSError) as e:
+                why, mod = f"the fast-call extension does not build or load here: {e}", None
+        _state["mod"], _state["why"] = mod, why
+        return mod
+
+
+def unavailable() -> str | None:
+    """Why the extension cannot be used here (None: it can)."""
+    _module()
+    return _state.get("why")
+
+
+def bound(fn_addr: int, handle: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...], alloc: Callable[[], Any],
+          fallback: Callable, keep: Any) -> Callable | None:
+    """``f(x, out=None)``: ``fn_addr``'s ``run(handle, x, out)`` on ``x`` and ``out`` (default: ``alloc()``) when
+    they are C-contiguous fp32 arrays of shapes ``in_shape`` and ``out_shape`` that do not overlap, else
+    ``fallback`` called with the same arguments.
+    ``keep`` is held as long as the callable (what owns ``handle``). None when the extension is unavailable."""
+    mod = _module()
+    if mod is None:
+        return None
+    return mod.Bound(int(fn_addr), int(handle), tuple(int(d) for d in in_shape), tuple(int(d) for d in out_shape),
+                     alloc, fallback, keep)
+
+
+__all__ = ["bound", "unavailable"]
