@@ -199,3 +199,18 @@ def test_probe_offline_on_the_command_line(cli):
     assert "NVIDIA H200" in r.stdout and "4.80 TB/s" in r.stdout and "published figures" in r.stdout
     r = cli("probe", "--target", "cpu", "--offline", "H200")
     assert r.returncode != 0 and "--target cuda" in r.stderr
+
+
+def test_precompile_in_parallel_processes_reports_what_fails():
+    pytest.importorskip("triton", reason="triton is not installed: the interpreter backend cannot start")
+    from planforge.space import Space, categorical
+    from planforge.targets.cuda.backend import CudaBackend
+
+    p = CudaProblem("eltwise", (2, 40), "relu", dtype="fp16")
+    b = CudaBackend(p, offline("L4"), device="cpu")
+    # BLOCK 48 is no power of two: tl.arange refuses it, as the GPU compiler does
+    sp = Space([categorical("BLOCK", (64, 48)), categorical("num_warps", (1,))])
+    good, bad = sp.make({"BLOCK": 64, "num_warps": 1}), sp.make({"BLOCK": 48, "num_warps": 1})
+    failed = b.precompile([good, bad], workers=1)  # one process: each one imports torch, slow on a small CI box
+    assert set(failed) == {bad.fingerprint} and "power of 2" in failed[bad.fingerprint]
+    b.close()
