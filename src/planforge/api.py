@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -93,24 +94,53 @@ class LoadedPlan:
         self._fn = self.plan
         self._fast = self.plan.run_on
         self._one = None
+        self._lean = None
         if len(self._signature) == 1 and len(self.plan.output_classes) == 1:
             self._one = (*self._signature[0], self.plan.single())
+            lean = getattr(self.plan, "lean", None)  # a CPU plan's optional compiled hot path
+            if lean is not None:
+                # it checks the input's type, shape and dtype itself, in one compiled call; anything else comes
+                # back to _call (through a weak reference: the plan's pool stops when this is freed)
+                ref = weakref.ref(self)
+                self._lean = lean(lambda x, out=None: ref()._call((x,), out))
 
     @property
     def input_names(self) -> list[str]:
         return list(self.graph.inputs)
 
-    def __call__(self, *inputs):
+    def __call__(self, *inputs, out=None):
+        """The outputs for ``inputs``; ``out`` (default None): an array (a tuple for several outputs) to write
+        them into and return instead of fresh ones."""
+        if self._lean is not None and len(inputs) == 1:
+            return self._lean(inputs[0], out)
+        return self._call(inputs, out)
+
+    def _call(self, inputs, out=None):
         # the hot path (a batch-1 control loop): one array exactly as tuned, nothing to convert or check further
         if len(inputs) == 1 and self._one is not None:
             x = inputs[0]
             if type(x) is np.ndarray and x.shape == self._one[0] and x.dtype == self._one[1]:
-                return self._one[2](x)
+                if out is None:
+                    return self._one[2](x)
+                if getattr(self.plan, "single_takes_out", False):
+                    return self._one[2](x, out)
+        outs = self._outputs(inputs)
+        if out is None:
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        dest = (out,) if len(outs) == 1 else tuple(out)
+        if len(dest) != len(outs):
+            raise PlanMismatch(f"out holds {len(dest)} arrays; the plan has {len(outs)} outputs")
+        for d, o in zip(dest, outs):
+            if getattr(d, "shape", None) != tuple(np.shape(o)):
+                raise PlanMismatch(f"out has shape {getattr(d, 'shape', None)}; the output is {tuple(np.shape(o))}")
+            d[...] = o.detach().numpy() if type(o).__module__.startswith("torch") else o
+        return out
+
+    def _outputs(self, inputs) -> list:
         sig = self._signature
         if len(inputs) == len(sig) and all(type(x) is np.ndarray and x.shape == shp and x.dtype == dt
                                            for x, (shp, dt) in zip(inputs, sig)):
-            outs = self._fast(*inputs)
-            return outs[0] if len(outs) == 1 else tuple(outs)
+            return list(self._fast(*inputs))
         torch_in = any(type(x).__module__.startswith("torch") for x in inputs)
         # zero-copy: a CPU tensor's numpy view and np.asarray of an array share memory with the caller's
         arrays = [x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else np.asarray(x)
@@ -121,7 +151,7 @@ class LoadedPlan:
             import torch
 
             outs = [torch.from_numpy(np.ascontiguousarray(o)) for o in outs]
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return list(outs)
 
 
 

@@ -5,8 +5,9 @@ array's address from Python (``x.ctypes.data``) as much again; at a 5 us
 kernel that is a tenth of the call. This module builds (once per machine,
 content-hash cached like every kernel) a tiny CPython extension whose
 ``Bound`` object calls a plan's C entry ``run(handle, in, out)`` directly:
-it checks through the buffer protocol that ``x`` (and ``out``, when given)
-are C-contiguous fp32 of the plan's shapes and do not overlap, and runs the
+it checks that ``x`` (and ``out``, when given) are numpy arrays, and through
+the buffer protocol that they are C-contiguous fp32 of the plan's shapes and
+do not overlap, and runs the
 kernel on them in place, holding the GIL (the call is shorter than a release
 and re-acquire). Anything else (another dtype, a strided view, a list, a
 torch tensor) goes to the plan's own Python path, which converts and checks.
@@ -25,6 +26,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 _SOURCE = r"""
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -40,7 +43,7 @@ typedef struct {
     Py_ssize_t nin, nout;
     int din, dout;                /* ndim of the input and the output; their shapes follow */
     Py_ssize_t sin[8], sout[8];
-    PyObject *alloc, *fallback, *keep;
+    PyObject *alloc, *fallback, *keep, *only;  /* only: the one array type read in place (numpy's ndarray) */
 } Bound;
 
 /* a C-contiguous fp32 buffer of shape dims[0..nd), or -1 (nothing held, no error set) */
@@ -69,7 +72,9 @@ static PyObject *bound_call(PyObject *self, PyObject *const *args, size_t nargsf
         if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), "out") == 0 && !out) out = args[n + i];
         else return PyObject_Vectorcall(B->fallback, args, nargsf, kwnames);
     }
-    if (!x || n > 2) return PyObject_Vectorcall(B->fallback, args, nargsf, kwnames);
+    /* another type (a torch tensor exports a buffer too) goes back: its caller wants its own type returned */
+    if (!x || n > 2 || (PyObject *)Py_TYPE(x) != B->only || (out && out != Py_None && (PyObject *)Py_TYPE(out) != B->only))
+        return PyObject_Vectorcall(B->fallback, args, nargsf, kwnames);
     Py_buffer bx, by;
     if (f32(x, &bx, 0, B->nin, B->din, B->sin) != 0) return PyObject_Vectorcall(B->fallback, args, nargsf, kwnames);
     PyObject *y;
@@ -101,9 +106,9 @@ static PyObject *bound_call(PyObject *self, PyObject *const *args, size_t nargsf
 static int bound_init(PyObject *self, PyObject *args, PyObject *kw) {
     Bound *B = (Bound *)self;
     unsigned long long fn, h;
-    PyObject *shin, *shout, *alloc, *fallback, *keep;
-    if (!PyArg_ParseTuple(args, "KKO!O!OOO", &fn, &h, &PyTuple_Type, &shin, &PyTuple_Type, &shout, &alloc,
-                          &fallback, &keep)) return -1;
+    PyObject *shin, *shout, *alloc, *fallback, *keep, *only;
+    if (!PyArg_ParseTuple(args, "KKO!O!OOOO!", &fn, &h, &PyTuple_Type, &shin, &PyTuple_Type, &shout, &alloc,
+                          &fallback, &keep, &PyType_Type, &only)) return -1;
     B->din = (int)PyTuple_GET_SIZE(shin);
     B->dout = (int)PyTuple_GET_SIZE(shout);
     if (!fn || B->din > 8 || B->dout > 8) { PyErr_SetString(PyExc_ValueError, "Bound: a null entry or over 8 dims"); return -1; }
@@ -116,19 +121,20 @@ static int bound_init(PyObject *self, PyObject *args, PyObject *kw) {
     Py_INCREF(alloc); Py_XSETREF(B->alloc, alloc);
     Py_INCREF(fallback); Py_XSETREF(B->fallback, fallback);
     Py_INCREF(keep); Py_XSETREF(B->keep, keep);
+    Py_INCREF(only); Py_XSETREF(B->only, only);
     B->vectorcall = bound_call;
     return 0;
 }
 
 static int bound_traverse(PyObject *self, visitproc visit, void *arg) {
     Bound *B = (Bound *)self;
-    Py_VISIT(B->alloc); Py_VISIT(B->fallback); Py_VISIT(B->keep);
+    Py_VISIT(B->alloc); Py_VISIT(B->fallback); Py_VISIT(B->keep); Py_VISIT(B->only);
     return 0;
 }
 
 static int bound_clear(PyObject *self) {
     Bound *B = (Bound *)self;
-    Py_CLEAR(B->alloc); Py_CLEAR(B->fallback); Py_CLEAR(B->keep);
+    Py_CLEAR(B->alloc); Py_CLEAR(B->fallback); Py_CLEAR(B->keep); Py_CLEAR(B->only);
     return 0;
 }
 
@@ -143,7 +149,7 @@ static PyTypeObject BoundType = {
     .tp_name = "_pf_fastcall.Bound",
     .tp_basicsize = sizeof(Bound),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Bound(fn, handle, in_shape, out_shape, alloc, fallback, keep): f(x, out=None) -> out",
+    .tp_doc = "Bound(fn, handle, in_shape, out_shape, alloc, fallback, keep, only): f(x, out=None) -> out",
     .tp_vectorcall_offset = offsetof(Bound, vectorcall),
     .tp_call = PyVectorcall_Call,
     .tp_new = PyType_GenericNew,
@@ -202,14 +208,15 @@ def unavailable() -> str | None:
 def bound(fn_addr: int, handle: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...], alloc: Callable[[], Any],
           fallback: Callable, keep: Any) -> Callable | None:
     """``f(x, out=None)``: ``fn_addr``'s ``run(handle, x, out)`` on ``x`` and ``out`` (default: ``alloc()``) when
-    they are C-contiguous fp32 arrays of shapes ``in_shape`` and ``out_shape`` that do not overlap, else
+    they are numpy arrays (exactly ``np.ndarray``), C-contiguous fp32 of shapes ``in_shape`` and ``out_shape``,
+    that do not overlap, else
     ``fallback`` called with the same arguments.
     ``keep`` is held as long as the callable (what owns ``handle``). None when the extension is unavailable."""
     mod = _module()
     if mod is None:
         return None
     return mod.Bound(int(fn_addr), int(handle), tuple(int(d) for d in in_shape), tuple(int(d) for d in out_shape),
-                     alloc, fallback, keep)
+                     alloc, fallback, keep, np.ndarray)
 
 
 __all__ = ["bound", "unavailable"]

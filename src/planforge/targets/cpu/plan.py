@@ -267,15 +267,13 @@ class Plan:
 
     single_takes_out = True  # single()'s f(x, out=None) writes into a given output array
 
-    def single(self, lean: bool = True, fallback: Callable | None = None) -> Callable[..., np.ndarray]:
+    def single(self, lean: bool = True) -> Callable[..., np.ndarray]:
         """For a one-input, one-output plan: ``f(x, out=None) -> y`` with everything bound (no shape checks).
 
         ``out``: an array of the output's shape to write into and return (default None: a fresh array).
-        ``lean`` (default True): when the plan is one native step that takes its buffers per call (a fused
-        MLP), ``f`` is one compiled call (``fastcall``) that reads a C-contiguous fp32 ``x`` in place and
-        writes a C-contiguous fp32 ``out`` in place, with no copy in or out; any other ``x`` or ``out`` goes
-        the copy path (``x`` copied into the plan's input slot, the steps, the output copied out), or to
-        ``fallback(x, out)`` when given (default None: the copy path), which then checks and converts them."""
+        ``lean`` (default True): the compiled call of ``lean()`` where the plan has one, so that a C-contiguous
+        fp32 ``x`` and ``out`` are read and written in place; otherwise (and for any other ``x`` or ``out``) the
+        copy path: ``x`` copied into the plan's input slot, the steps, the output copied out."""
         view = self._in[0][1]
         res = self._out[0]
         steps = tuple(self.steps)
@@ -293,18 +291,28 @@ class Plan:
             np.copyto(out, res, casting="same_kind")
             return out
 
-        entry = getattr(steps[0], "entry", None) if lean and len(steps) == 1 and view is not None else None
+        return (self.lean(run) if lean else None) or run
+
+    def lean(self, fallback: Callable | None = None) -> Callable[..., np.ndarray] | None:
+        """The hot path as one compiled call (``fastcall``), for a plan that is one native step taking its buffers
+        per call (a fused MLP): ``f(x, out=None)`` runs the kernel on a numpy C-contiguous fp32 ``x`` of the
+        input's shape and ``out`` of the output's (default: a fresh array) in place, with no copy, and hands any
+        other arguments to ``fallback(x, out)`` (default None: ``single(lean=False)``). None when the plan has no
+        such step or the extension cannot be built here."""
+        view = self._in[0][1] if len(self._in) == 1 else None
+        steps = self.steps
+        entry = getattr(steps[0], "entry", None) if len(steps) == 1 and len(self._out) == 1 and view is not None \
+            else None
+        res = self._out[0] if self._out else None
         # the one step must read the input slot and write the output slot, or skipping them would skip data
-        if entry is not None and entry[3:] == (view.ctypes.data, res.ctypes.data):
-            from functools import partial
+        if entry is None or entry[3:] != (view.ctypes.data, res.ctypes.data):
+            return None
+        from functools import partial
 
-            from .fastcall import bound
+        from .fastcall import bound
 
-            fast = bound(entry[0], entry[1], view.shape, shape, partial(np.empty, shape, np.float32),
-                         fallback or run, entry[2])
-            if fast is not None:
-                return fast
-        return run
+        return bound(entry[0], entry[1], view.shape, res.shape, partial(np.empty, res.shape, np.float32),
+                     fallback or self.single(lean=False), entry[2])
 
     @property
     def peak_bytes(self) -> int:
