@@ -485,6 +485,34 @@ def records_export(
                       highlight=False)
 
 
+@app.command("export")
+def export_plan(
+    spec: Path = typer.Argument(..., help="A spec.json written by `planforge tune` on a model workload."),
+    fmt: str = typer.Option("c", "--format", "-f", help="c: a C library (plan.h, libplan.so, libplan.a, main.c). "
+                                                        "Default: c."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder to write the library into (created if missing)."),
+    check_device: bool = typer.Option(True, "--check-device/--any-device",
+                                      help="Refuse a spec tuned on another machine (default: refuse)."),
+) -> None:
+    """Export a tuned plan as a self-contained C library that runs without Python or planforge."""
+    if fmt != "c":
+        _fail(f"unknown export format {fmt!r}: `planforge export` writes c; measurements go out as t4 or "
+              "kernel_tuner with `planforge records export`")
+    from .api import load
+    from .spec import SpecError
+    from .spec.export_c import CExportError, export_c
+    from .targets.cpu.build import CompilerMissing, IsaError
+
+    try:
+        plan = load(spec, check_device=check_device)
+        e = export_c(plan.plan, out, spec=plan.spec)
+    except (SpecError, CExportError, CompilerMissing, IsaError, OSError, ValueError) as err:
+        _fail(str(err))
+    out_console.print(f"wrote {', '.join(p.name for p in e.files)} to {e.folder}: {e.in_size} floats in, "
+                      f"{e.out_size} out, {e.knobs.get('threads', 1)} thread(s); run {e.folder / 'plan_main'} to "
+                      "time it", highlight=False, markup=False)
+
+
 @app.command("report")
 def report(
     folder: Path = typer.Argument(..., help="Output folder of a `planforge tune` run (holds run.json)."),
