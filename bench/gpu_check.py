@@ -10,6 +10,7 @@ the Spearman correlation of the model's predicted order with the measured times,
 
 Usage: python3 bench/gpu_check.py [--out gpu_check.json] [--budget 64] [--seconds 60] [--only NAME,...]
        python3 bench/gpu_check.py --offline H200 --plan   (no GPU: the funnel's plan with published figures)
+       python3 bench/gpu_check.py --interpret --budget 3 --precompile 2   (no GPU: the script end to end, toy sizes)
 """
 from __future__ import annotations
 
@@ -47,6 +48,18 @@ WORKLOADS = {
 }
 
 
+# --interpret: the same workloads at toy sizes, measured in Triton's interpreter on this CPU (the times mean
+# nothing): proves the script end to end before a GPU run that cannot be repeated
+SMALL = {
+    "gemm_4096_bf16": lambda t: t.gpu_problem("gemm", (40, 48, 64), "none", "bf16"),
+    "gemm_16x4096x4096_bf16": lambda t: t.gpu_problem("gemm", (16, 40, 64), "none", "bf16"),
+    "policy_mlp_b1_fp32": lambda t: t.mlp_problem(((32, 32, "relu"), (32, 16, "none")), "fp32"),
+    "policy_mlp_b1_bf16": lambda t: t.mlp_problem(((32, 32, "relu"), (32, 16, "none")), "bf16"),
+    "attention_b1h16s2048d64_causal_bf16": lambda t: t.gpu_problem("attention", (1, 2, 40, 16), "none", "bf16",
+                                                                   causal=True),
+}
+
+
 def plan_offline(name: str) -> dict:
     """Without a GPU: each workload's funnel on the published figures (what would be measured first)."""
     t = CudaTarget(offline=name)
@@ -64,10 +77,17 @@ def plan_offline(name: str) -> dict:
     return out
 
 
-def check_one(key: str, budget: int, seconds: float, work: Path, precompile: int) -> dict:
+def check_one(key: str, budget: int, seconds: float, work: Path, precompile: int, interpret: bool = False) -> dict:
     make, goal, libs, hot = WORKLOADS[key]
-    base = CudaTarget()
-    t = CudaTarget(timing=cuda_timing(base.profile(), cold=not hot)) if hot else base
+    if interpret:
+        from planforge.targets.cuda.devices import offline
+
+        make, libs = SMALL[key], ["torch"]  # torch.compile on the CPU has nothing to say about a GPU
+        base = CudaTarget(pinned=offline("H200"), device="cpu")
+        t = CudaTarget(pinned=base.profile(), device="cpu", timing=cuda_timing(base.profile(), cold=not hot))
+    else:
+        base = CudaTarget()
+        t = CudaTarget(timing=cuda_timing(base.profile(), cold=not hot)) if hot else base
     p = make(t)
     t0 = time.perf_counter()
     wl = kernel_workload(p, target=t)
@@ -120,6 +140,8 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated workload names (default all)")
     ap.add_argument("--offline", default=None, help="plan for this GPU's published figures; measures nothing")
     ap.add_argument("--plan", action="store_true", help="with --offline: print the funnel's plan")
+    ap.add_argument("--interpret", action="store_true", help="toy sizes in Triton's interpreter on this CPU: "
+                                                             "checks the script, the times mean nothing")
     a = ap.parse_args()
     if a.offline:
         print(json.dumps(plan_offline(a.offline), indent=2, sort_keys=True, default=str))
@@ -130,8 +152,15 @@ def main() -> int:
         print(f"error: unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    target = CudaTarget()
-    prof = target.profile(progress=lambda m: print(f"probe: {m}", flush=True))
+    if a.interpret:
+        import os
+
+        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined (the precompile processes inherit it)
+        from planforge.targets.cuda.devices import offline
+
+        prof = offline("H200")
+    else:
+        prof = CudaTarget().profile(progress=lambda m: print(f"probe: {m}", flush=True))
     report = {"device": prof.to_dict(), "probe_seconds": time.perf_counter() - t0, "workloads": {}}
     import torch
     import triton
@@ -141,7 +170,7 @@ def main() -> int:
     for n in names:
         print(f"--- {n}", flush=True)
         try:
-            report["workloads"][n] = check_one(n, a.budget, a.seconds, work, a.precompile)
+            report["workloads"][n] = check_one(n, a.budget, a.seconds, work, a.precompile, a.interpret)
         except Exception as e:  # noqa: BLE001 - one broken workload must not lose the others' figures
             report["workloads"][n] = {"error": f"{type(e).__name__}: {e}"}
         print(json.dumps(report["workloads"][n], default=str)[:1500], flush=True)

@@ -137,3 +137,22 @@ def test_every_template_compiles_for_hopper_and_ampere():
     assert len(rows) == 8, r.stdout + r.stderr[-3000:]
     bad = [row for row in rows if not row["ok"]]
     assert not bad and r.returncode == 0, bad
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_libraries_pass_the_check_and_a_tenth_off_does_not(dtype):
+    """torch's unfused formulations (each step rounded to the dtype) are within the tolerance, and a
+    result a tenth off is not: the tolerance sits between the two."""
+    from planforge.targets.cuda.jit.run import tensors
+    from planforge.targets.cuda.job import library_fn
+
+    probs = [parse("gemm", (48, 40, 512), "bias_gelu+res", dtype)]
+    if dtype != "fp16":
+        probs.append(CudaProblem("mlp", dtype=dtype, layers=((64, 64, "relu"), (64, 64, "relu"), (64, 16, "none"))))
+    for p in probs:
+        inputs = p.inputs()
+        y = library_fn("torch", p, tensors(p, inputs, "cpu"))().float().numpy()
+        assert check(p, inputs, y) is None, p.label
+        ref = p.reference(inputs)
+        if p.op == "gemm" or dtype != "bf16":  # a bf16 MLP's stored layers allow more than a tenth at places
+            assert check(p, inputs, ref * 1.1) is not None, p.label

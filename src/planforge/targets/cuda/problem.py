@@ -287,18 +287,38 @@ class CudaProblem:
         mag = np.abs(ref)
         if self.op == "gemm":
             s = x["A"] @ x["B"] + (x["bias"] if "bias" in x else 0.0) + (x["R"] if self.residual else 0.0)
-            # a library that does not fuse the epilogue rounds after every step: one unit per step
-            steps = 1 + (self.epilogue != "none") + (self.epilogue not in ("none", "bias")) + self.residual
-            tol = 1.2 * (self.dims[2] * u_acc + u_prod) * s + steps * u_out * s + u_out * mag
+            # a library that does not fuse the epilogue rounds after every step: a unit of each step's result
+            a64, b64 = inputs["A"].astype(np.float64), inputs["B"].astype(np.float64)
+            y = a64 @ b64
+            stored = np.abs(y)
+            if self.epilogue != "none":
+                y = y + inputs["bias"].astype(np.float64)
+                stored = stored + np.abs(y)
+                if self.epilogue != "bias":
+                    y = act64(self.epilogue[len("bias_"):], y)
+                    stored = stored + np.abs(y)
+            if self.residual:
+                stored = stored + np.abs(y + inputs["R"].astype(np.float64))
+            # TF32's rounding of each product has either sign: a root-sum-square of them, four times over
+            rss = 4.0 * u_prod * np.sqrt(a64**2 @ b64**2)
+            tol = 1.2 * (self.dims[2] * u_acc * s + rss + u_out * stored)
             return 2.0 * tol + 8 * u_acc * (1 + mag)
         if self.op == "mlp":
             # each layer's own error (its sum, in fp32 with TF32 products), plus the error it was handed,
-            # stretched by its weights' magnitudes and its activation's slope; intermediates stay fp32
-            h, err = x["x"], np.zeros(self.layers[0][0])
-            for i, (k, _, _) in enumerate(self.layers):
-                s = h @ x[f"W{i}"] + x[f"b{i}"]
-                err = 1.2 * (err @ x[f"W{i}"] + (k * u_acc + u_prod) * s)
-                h = 1.2 * s
+            # carried through its weights and its activation's slope; the fused kernel keeps the
+            # intermediates in fp32, a library rounds each layer's sum and activation to the dtype: two units
+            hv, err = inputs["x"].astype(np.float64), np.zeros(self.layers[0][0])
+            for i, (k, _, act) in enumerate(self.layers):
+                w, b = inputs[f"W{i}"].astype(np.float64), inputs[f"b{i}"].astype(np.float64)
+                s = np.abs(hv) @ np.abs(w) + np.abs(b)  # the magnitudes this layer's sums add up
+                z = hv @ w + b
+                # errors of both signs (a handed-on one meeting weights of both signs, TF32's rounding of
+                # each product) grow as a root-sum-square, not a sum (a sum would let a 10% wrong output
+                # pass); a stored result is off by its unit times itself
+                rss = np.sqrt((err * err) @ (w * w)) + u_prod * np.sqrt((hv * hv) @ (w * w))
+                hv = act64(act, z)
+                err = 1.2 * (rss + k * u_acc * s) + 1.2 * u_out * (np.abs(z) + np.abs(hv))
+            err = 2.0 * err  # a safety factor, once (per layer it would compound); doubled again below
             return 2.0 * (err + u_out * mag) + 8 * u_acc * (1 + mag)
         if self.op == "attention":
             S, D = self.dims[2], self.dims[3]
