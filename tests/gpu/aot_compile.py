@@ -34,11 +34,11 @@ GEMM_INTS = ["M", "N", "K", "sam", "sak", "sbk", "sbn", "scm", "scn", "srm", "sr
 def cases():
     bf = {"A": "bf16", "B": "bf16", "C": "bf16", "bias": "bf16", "R": "bf16"}
     c = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, SPLIT=False, HAS_BIAS=True, ACT=2, HAS_RES=True,
-             PRECISION="tf32", WIDEN=False)
+             PRECISION="tf32", WIDEN=False, EVEN_K=True)
     yield "gemm bf16 bias_gelu+res", gemm._gemm, sig(bf, GEMM_INTS, [], c), c, 90, {"num_warps": 8, "num_stages": 3}
     f32 = {k: "fp32" for k in bf}
     c = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=1, SPLIT=True, HAS_BIAS=False, ACT=0, HAS_RES=False,
-             PRECISION="ieee", WIDEN=False)
+             PRECISION="ieee", WIDEN=False, EVEN_K=False)
     yield "gemm fp32 split-K partials", gemm._gemm, sig(f32, GEMM_INTS, [], c), c, 80, {"num_warps": 4, "num_stages": 4}
     c = dict(SPLIT_K=4, BLOCK=1024, HAS_BIAS=True, ACT=1, HAS_RES=False)
     yield "gemm split-K reduce", gemm._reduce, sig({"W": "fp32", "C": "fp32", "bias": "fp32", "R": "fp32"},

@@ -47,6 +47,14 @@ def test_gemm_every_dtype(dtype, knobs, device):
     assert run(p, knobs, device) is None
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("knobs", GEMM_KNOBS, ids=["grouped", "splitk"])
+def test_gemm_whole_k_steps(dtype, knobs, device):
+    # K a multiple of every slice's BLOCK_K steps: the loads drop their K mask (EVEN_K)
+    p = parse("gemm", (37, 21, 64), "bias_relu", dtype)
+    assert run(p, knobs, device) is None
+
+
 @pytest.mark.parametrize("epilogue", ["none", "bias", "bias_relu", "bias_sigmoid", "bias_silu", "bias_tanh"])
 def test_gemm_epilogues(epilogue, device):
     p = parse("gemm", (19, 33, 24), epilogue, "bf16")

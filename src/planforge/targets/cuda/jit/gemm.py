@@ -21,7 +21,7 @@ from .common import ACT_CODE, act, precision, widen
 def _gemm(A, B, C, bias, R, M, N, K, sam, sak, sbk, sbn, scm, scn, srm, srn, k_per_split,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
           SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
-          PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+          PRECISION: tl.constexpr, WIDEN: tl.constexpr, EVEN_K: tl.constexpr):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -33,16 +33,23 @@ def _gemm(A, B, C, bias, R, M, N, K, sam, sak, sbk, sbn, scm, scn, srm, srn, k_p
     pid_n = (pid % in_group) // group_rows
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # edge tiles mask rows and columns (Triton specialises M and N divisible by 16, so the masks stay
+    # constant over a vector and the loads stay vectorised); wrapping the indices instead would let a
+    # vector read past the end of B's last row
+    mm = rm[:, None] < M
+    nn = rn[None, :] < N
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + rk
-        a = tl.load(A + rm[:, None] * sam + kk[None, :] * sak, mask=(rm[:, None] < M) & (kk[None, :] < k_hi),
-                    other=0.0)
-        b = tl.load(B + kk[:, None] * sbk + rn[None, :] * sbn, mask=(kk[:, None] < k_hi) & (rn[None, :] < N),
-                    other=0.0)
+        if EVEN_K:  # every K step whole: no K mask
+            a = tl.load(A + rm[:, None] * sam + kk[None, :] * sak, mask=mm, other=0.0)
+            b = tl.load(B + kk[:, None] * sbk + rn[None, :] * sbn, mask=nn, other=0.0)
+        else:
+            a = tl.load(A + rm[:, None] * sam + kk[None, :] * sak, mask=mm & (kk[None, :] < k_hi), other=0.0)
+            b = tl.load(B + kk[:, None] * sbk + rn[None, :] * sbn, mask=(kk[:, None] < k_hi) & nn, other=0.0)
         if WIDEN:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -102,13 +109,14 @@ def launcher(problem, knobs: dict, t: dict, out):
     meta = dict(num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
     prec = precision(problem.dtype)
     wide = widen(problem.dtype)
+    even = K % bk == 0 and k_per % bk == 0  # no partial K step in any slice
     if split == 1:
         def run():
             _gemm[grid](A, B, out, bias if has_bias else dummy, R if has_res else dummy, M, N, K,
                         A.stride(0), A.stride(1), B.stride(0), B.stride(1), out.stride(0), out.stride(1),
                         R.stride(0) if has_res else 0, R.stride(1) if has_res else 0, k_per,
                         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, SPLIT=False, HAS_BIAS=has_bias,
-                        ACT=act_code, HAS_RES=has_res, PRECISION=prec, WIDEN=wide, **meta)
+                        ACT=act_code, HAS_RES=has_res, PRECISION=prec, WIDEN=wide, EVEN_K=even, **meta)
         return run
     work = torch.empty((split, M, N), dtype=torch.float32, device=out.device)
     rgrid = (triton.cdiv(M * N, REDUCE_BLOCK),)
@@ -116,7 +124,7 @@ def launcher(problem, knobs: dict, t: dict, out):
     def run_split():
         _gemm[grid](A, B, work, dummy, dummy, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1),
                     N, 1, 0, 0, k_per, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, SPLIT=True,
-                    HAS_BIAS=False, ACT=0, HAS_RES=False, PRECISION=prec, WIDEN=wide, **meta)
+                    HAS_BIAS=False, ACT=0, HAS_RES=False, PRECISION=prec, WIDEN=wide, EVEN_K=even, **meta)
         _reduce[rgrid](work, out, bias if has_bias else dummy, R if has_res else dummy, M, N,
                        out.stride(0), out.stride(1), R.stride(0) if has_res else 0, R.stride(1) if has_res else 0,
                        SPLIT_K=split, BLOCK=REDUCE_BLOCK, HAS_BIAS=has_bias, ACT=act_code, HAS_RES=has_res,
