@@ -174,6 +174,40 @@ def c_main(path: Path, calls: int) -> tuple[float, np.ndarray]:
     return ns * 1e-9, np.frombuffer((folder / "out.bin").read_bytes(), np.float32)
 
 
+def sweep(layers, knobs: dict, ws, bs, cores: int, calls: int, rounds: int) -> list[tuple[float, dict]]:
+    """The fused kernel alone (its prebound native call) at 1 and all threads x three split patterns, the tuned
+    plan's inner-loop knobs kept: (median seconds, knobs), fastest first. Says whether the search found the best."""
+    from planforge.targets.cpu.build import build_many, load as load_lib
+    from planforge.targets.cpu.templates import mlp
+
+    L = len(layers)
+    pats = {"n" * L, "n" * (L - 1) + "k", "k" * L}
+    cands = []
+    for t in sorted({1, cores}):
+        for pat in sorted(pats) if t > 1 else ["n" * L]:
+            k = {**knobs, "threads": t, "spin_us": mlp.SPIN_US[0]}
+            k.update(zip(mlp.split_names(layers), pat))
+            cands.append(k)
+    built = build_many([(mlp.source(layers, k), False) for k in cands])
+    runs = []
+    for k, (b, err, _) in zip(cands, built):
+        if b is None:
+            raise RuntimeError(err)
+        x = np.ones(layers[0][0], np.float32)
+        y = np.zeros(layers[-1][1], np.float32)
+        runs.append((k, mlp.bind(load_lib(b), layers, k, x, ws, bs, y)))
+    times = {i: [] for i in range(len(runs))}
+    for _ in range(rounds):
+        for i, (_, f) in enumerate(runs):
+            time.sleep(0.03)  # the previous setting's workers past their spin bound
+            f()
+            times[i].append(time_calls(f, calls))
+    out = sorted((statistics.median(times[i]), k) for i, (k, _) in enumerate(runs))
+    for _, f in runs:
+        f.pool.close()
+    return out
+
+
 def time_calls(f, n: int) -> float:
     clock = time.perf_counter
     t0 = clock()
@@ -190,6 +224,8 @@ def main() -> int:
     ap.add_argument("--c-calls", type=int, default=10000, help="calls per round of the C main (default 10000)")
     ap.add_argument("--mlps", default=",".join(MLPS))
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (it takes a minute per model)")
+    ap.add_argument("--sweep", action="store_true", help="also time the fused kernel alone at 1 and all threads x "
+                                                        "three split patterns (does the search find the best?)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     target = CpuTarget()
@@ -234,6 +270,9 @@ def main() -> int:
         for _ in range(args.rounds):
             for k, (f, _) in rs.items():
                 if f:
+                    # every runtime's threads (OpenMP's, ONNX Runtime's, OpenVINO's, planforge's pool) spin a while
+                    # after their last call: let them go idle, or the next runner shares its cores with them
+                    time.sleep(0.03)
                     f()
                     times[k].append(time_calls(f, args.calls))
             if main_path is not None:
@@ -269,7 +308,14 @@ def main() -> int:
         if have:
             best = min(have, key=lambda p: med[p])
             print(f"  planforge / fastest peer ({best}, {med[best] * 1e6:.2f} us) = {pf / med[best]:.3f} (target <= 0.3)")
-        report[key] = {"widths": widths, "median_s": med, "knobs": knobs, "limit_s": lim_t, "limit_level": lvl_t,
+        swept = []
+        if args.sweep and layers:
+            _, _, ws, bs = fused_step(plan.plan)
+            swept = sweep(layers, knobs, ws, bs, prof.physical_cores, args.calls, args.rounds)
+            print("  kernel alone (prebound native call), by threads and split: " + "; ".join(
+                f"{k['threads']}t {''.join(k[s] for s in sorted(k) if s.startswith('split'))} {t * 1e6:.2f} us"
+                for t, k in swept))
+        report[key] = {"sweep": [(t, k) for t, k in swept], "widths": widths, "median_s": med, "knobs": knobs, "limit_s": lim_t, "limit_level": lvl_t,
                        "limit_all_cores_s": lim_all, "skipped": {k: why for k, (f, why) in rs.items() if not f}}
         if lib is not None:
             lib.plan_destroy()

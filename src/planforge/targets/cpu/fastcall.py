@@ -31,6 +31,7 @@ import numpy as np
 _SOURCE = r"""
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef void (*run_fn)(void *, const float *, float *);
