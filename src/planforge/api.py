@@ -94,15 +94,19 @@ class LoadedPlan:
         self._fn = self.plan
         self._fast = self.plan.run_on
         self._one = None
-        self._lean = None
         if len(self._signature) == 1 and len(self.plan.output_classes) == 1:
             self._one = (*self._signature[0], self.plan.single())
             lean = getattr(self.plan, "lean", None)  # a CPU plan's optional compiled hot path
+            fast = None
             if lean is not None:
-                # it checks the input's type, shape and dtype itself, in one compiled call; anything else comes
-                # back to _call (through a weak reference: the plan's pool stops when this is freed)
+                # it checks the input's type, shape and dtype itself; anything else comes back to _call (through a
+                # weak reference: the plan and its pool go when this object goes)
                 ref = weakref.ref(self)
-                self._lean = lean(lambda x, out=None: ref()._call((x,), out))
+                fast = lean(lambda *xs, out=None: ref()._call(xs, out))
+            if fast is not None:
+                # calling this object is then that one compiled call, with no Python frame before it: a class
+                # attribute without __get__ is called without self, so this instance's own subclass holds it
+                self.__class__ = type(type(self).__name__, (type(self),), {"__call__": fast, "__slots__": ()})
 
     @property
     def input_names(self) -> list[str]:
@@ -111,8 +115,6 @@ class LoadedPlan:
     def __call__(self, *inputs, out=None):
         """The outputs for ``inputs``; ``out`` (default None): an array (a tuple for several outputs) to write
         them into and return instead of fresh ones."""
-        if self._lean is not None and len(inputs) == 1:
-            return self._lean(inputs[0], out)
         return self._call(inputs, out)
 
     def _call(self, inputs, out=None):
@@ -123,7 +125,7 @@ class LoadedPlan:
                 if out is None:
                     return self._one[2](x)
                 if getattr(self.plan, "single_takes_out", False):
-                    return self._one[2](x, out)
+                    return self._one[2](x, out=out)
         outs = self._outputs(inputs)
         if out is None:
             return outs[0] if len(outs) == 1 else tuple(outs)

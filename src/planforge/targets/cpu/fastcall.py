@@ -12,7 +12,7 @@ kernel on them in place, holding the GIL (the call is shorter than a release
 and re-acquire). Anything else (another dtype, a strided view, a list, a
 torch tensor) goes to the plan's own Python path, which converts and checks.
 
-``bound(fn_addr, handle, in_shape, out_shape, alloc, fallback, keep)`` returns the
+``bound(fn_addr, handle, in_shape, out_shape, fallback, keep)`` returns the
 callable, or None when the extension cannot be built here (no Python
 headers, no compiler): the caller then keeps its ctypes path;
 ``unavailable()`` says why.
@@ -24,7 +24,7 @@ import importlib.util
 import sysconfig
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -33,6 +33,8 @@ _SOURCE = r"""
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
 
 typedef void (*run_fn)(void *, const float *, float *);
 
@@ -44,7 +46,8 @@ typedef struct {
     Py_ssize_t nin, nout;
     int din, dout;                /* ndim of the input and the output; their shapes follow */
     Py_ssize_t sin[8], sout[8];
-    PyObject *alloc, *fallback, *keep, *only;  /* only: the one array type read in place (numpy's ndarray) */
+    npy_intp oshape[8];
+    PyObject *fallback, *keep, *only;  /* only: the one array type read in place (numpy's ndarray) */
 } Bound;
 
 /* a C-contiguous fp32 buffer of shape dims[0..nd), or -1 (nothing held, no error set) */
@@ -67,20 +70,20 @@ static int f32(PyObject *o, Py_buffer *b, int writable, Py_ssize_t n, int nd, co
 static PyObject *bound_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Bound *B = (Bound *)self;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    PyObject *x = n > 0 ? args[0] : NULL, *out = n > 1 ? args[1] : NULL;
+    PyObject *x = n > 0 ? args[0] : NULL, *out = NULL;
     Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nk; i++) {
         if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), "out") == 0 && !out) out = args[n + i];
         else return PyObject_Vectorcall(B->fallback, args, nargsf, kwnames);
     }
     /* another type (a torch tensor exports a buffer too) goes back: its caller wants its own type returned */
-    if (!x || n > 2 || (PyObject *)Py_TYPE(x) != B->only || (out && out != Py_None && (PyObject *)Py_TYPE(out) != B->only))
+    if (!x || n > 1 || (PyObject *)Py_TYPE(x) != B->only || (out && out != Py_None && (PyObject *)Py_TYPE(out) != B->only))
         return PyObject_Vectorcall(B->fallback, args, nargsf, kwnames);
     Py_buffer bx, by;
     if (f32(x, &bx, 0, B->nin, B->din, B->sin) != 0) return PyObject_Vectorcall(B->fallback, args, nargsf, kwnames);
     PyObject *y;
     if (out == NULL || out == Py_None) {
-        y = PyObject_CallNoArgs(B->alloc);
+        y = PyArray_SimpleNew(B->dout, B->oshape, NPY_FLOAT32);  /* a fresh output, as numpy would make it */
         if (!y) { PyBuffer_Release(&bx); return NULL; }
     } else {
         Py_INCREF(out);
@@ -107,19 +110,22 @@ static PyObject *bound_call(PyObject *self, PyObject *const *args, size_t nargsf
 static int bound_init(PyObject *self, PyObject *args, PyObject *kw) {
     Bound *B = (Bound *)self;
     unsigned long long fn, h;
-    PyObject *shin, *shout, *alloc, *fallback, *keep, *only;
-    if (!PyArg_ParseTuple(args, "KKO!O!OOOO!", &fn, &h, &PyTuple_Type, &shin, &PyTuple_Type, &shout, &alloc,
+    PyObject *shin, *shout, *fallback, *keep, *only;
+    if (!PyArg_ParseTuple(args, "KKO!O!OOO!", &fn, &h, &PyTuple_Type, &shin, &PyTuple_Type, &shout,
                           &fallback, &keep, &PyType_Type, &only)) return -1;
     B->din = (int)PyTuple_GET_SIZE(shin);
     B->dout = (int)PyTuple_GET_SIZE(shout);
     if (!fn || B->din > 8 || B->dout > 8) { PyErr_SetString(PyExc_ValueError, "Bound: a null entry or over 8 dims"); return -1; }
     B->nin = B->nout = 1;
     for (int i = 0; i < B->din; i++) { B->sin[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shin, i)); B->nin *= B->sin[i]; }
-    for (int i = 0; i < B->dout; i++) { B->sout[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shout, i)); B->nout *= B->sout[i]; }
+    for (int i = 0; i < B->dout; i++) {
+        B->sout[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shout, i));
+        B->oshape[i] = (npy_intp)B->sout[i];
+        B->nout *= B->sout[i];
+    }
     if (PyErr_Occurred()) return -1;
     B->fn = (run_fn)(uintptr_t)fn;
     B->h = (void *)(uintptr_t)h;
-    Py_INCREF(alloc); Py_XSETREF(B->alloc, alloc);
     Py_INCREF(fallback); Py_XSETREF(B->fallback, fallback);
     Py_INCREF(keep); Py_XSETREF(B->keep, keep);
     Py_INCREF(only); Py_XSETREF(B->only, only);
@@ -129,13 +135,13 @@ static int bound_init(PyObject *self, PyObject *args, PyObject *kw) {
 
 static int bound_traverse(PyObject *self, visitproc visit, void *arg) {
     Bound *B = (Bound *)self;
-    Py_VISIT(B->alloc); Py_VISIT(B->fallback); Py_VISIT(B->keep); Py_VISIT(B->only);
+    Py_VISIT(B->fallback); Py_VISIT(B->keep); Py_VISIT(B->only);
     return 0;
 }
 
 static int bound_clear(PyObject *self) {
     Bound *B = (Bound *)self;
-    Py_CLEAR(B->alloc); Py_CLEAR(B->fallback); Py_CLEAR(B->keep); Py_CLEAR(B->only);
+    Py_CLEAR(B->fallback); Py_CLEAR(B->keep); Py_CLEAR(B->only);
     return 0;
 }
 
@@ -150,7 +156,7 @@ static PyTypeObject BoundType = {
     .tp_name = "_pf_fastcall.Bound",
     .tp_basicsize = sizeof(Bound),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Bound(fn, handle, in_shape, out_shape, alloc, fallback, keep, only): f(x, out=None) -> out",
+    .tp_doc = "Bound(fn, handle, in_shape, out_shape, fallback, keep, only): f(x, *, out=None) -> out",
     .tp_vectorcall_offset = offsetof(Bound, vectorcall),
     .tp_call = PyVectorcall_Call,
     .tp_new = PyType_GenericNew,
@@ -163,6 +169,7 @@ static PyTypeObject BoundType = {
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_pf_fastcall", NULL, -1, NULL};
 
 PyMODINIT_FUNC PyInit__pf_fastcall(void) {
+    import_array();
     if (PyType_Ready(&BoundType) < 0) return NULL;
     PyObject *m = PyModule_Create(&mod);
     if (!m) return NULL;
@@ -189,7 +196,7 @@ def _module():
             from .build import BuildError, CompilerMissing, IsaError, build
 
             try:
-                built = build(_SOURCE, extra_flags=(f"-I{inc}",))
+                built = build(_SOURCE, extra_flags=(f"-I{inc}", f"-I{np.get_include()}"))
                 loader = importlib.machinery.ExtensionFileLoader("_pf_fastcall", str(built.path))
                 spec = importlib.util.spec_from_file_location("_pf_fastcall", str(built.path), loader=loader)
                 mod = importlib.util.module_from_spec(spec)
@@ -206,9 +213,9 @@ def unavailable() -> str | None:
     return _state.get("why")
 
 
-def bound(fn_addr: int, handle: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...], alloc: Callable[[], Any],
-          fallback: Callable, keep: Any) -> Callable | None:
-    """``f(x, out=None)``: ``fn_addr``'s ``run(handle, x, out)`` on ``x`` and ``out`` (default: ``alloc()``) when
+def bound(fn_addr: int, handle: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...], fallback: Callable,
+          keep: Any) -> Callable | None:
+    """``f(x, *, out=None)``: ``fn_addr``'s ``run(handle, x, out)`` on ``x`` and ``out`` (default: a fresh array) when
     they are numpy arrays (exactly ``np.ndarray``), C-contiguous fp32 of shapes ``in_shape`` and ``out_shape``,
     that do not overlap, else
     ``fallback`` called with the same arguments.
@@ -217,7 +224,7 @@ def bound(fn_addr: int, handle: int, in_shape: tuple[int, ...], out_shape: tuple
     if mod is None:
         return None
     return mod.Bound(int(fn_addr), int(handle), tuple(int(d) for d in in_shape), tuple(int(d) for d in out_shape),
-                     alloc, fallback, keep, np.ndarray)
+                     fallback, keep, np.ndarray)
 
 
 __all__ = ["bound", "unavailable"]

@@ -295,9 +295,9 @@ class Plan:
 
     def lean(self, fallback: Callable | None = None) -> Callable[..., np.ndarray] | None:
         """The hot path as one compiled call (``fastcall``), for a plan that is one native step taking its buffers
-        per call (a fused MLP): ``f(x, out=None)`` runs the kernel on a numpy C-contiguous fp32 ``x`` of the
+        per call (a fused MLP): ``f(x, *, out=None)`` runs the kernel on a numpy C-contiguous fp32 ``x`` of the
         input's shape and ``out`` of the output's (default: a fresh array) in place, with no copy, and hands any
-        other arguments to ``fallback(x, out)`` (default None: ``single(lean=False)``). None when the plan has no
+        other arguments, as given, to ``fallback`` (default None: ``single(lean=False)``). None when the plan has no
         such step or the extension cannot be built here."""
         view = self._in[0][1] if len(self._in) == 1 else None
         steps = self.steps
@@ -307,12 +307,9 @@ class Plan:
         # the one step must read the input slot and write the output slot, or skipping them would skip data
         if entry is None or entry[3:] != (view.ctypes.data, res.ctypes.data):
             return None
-        from functools import partial
-
         from .fastcall import bound
 
-        return bound(entry[0], entry[1], view.shape, res.shape, partial(np.empty, res.shape, np.float32),
-                     fallback or self.single(lean=False), entry[2])
+        return bound(entry[0], entry[1], view.shape, res.shape, fallback or self.single(lean=False), entry[2])
 
     @property
     def peak_bytes(self) -> int:
