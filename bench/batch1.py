@@ -185,9 +185,10 @@ def sweep(layers, knobs: dict, ws, bs, cores: int, calls: int, rounds: int) -> l
     cands = []
     for t in sorted({1, cores}):
         for pat in sorted(pats) if t > 1 else ["n" * L]:
-            k = {**knobs, "threads": t, "spin_us": mlp.SPIN_US[0]}
-            k.update(zip(mlp.split_names(layers), pat))
-            cands.append(k)
+            for pin in (1, 0) if t > 1 else (1,):
+                k = {**knobs, "threads": t, "spin_us": mlp.SPIN_US[0], "pin": pin}
+                k.update(zip(mlp.split_names(layers), pat))
+                cands.append(k)
     built = build_many([(mlp.source(layers, k), False) for k in cands])
     runs = []
     for k, (b, err, _) in zip(cands, built):
@@ -313,7 +314,8 @@ def main() -> int:
             _, _, ws, bs = fused_step(plan.plan)
             swept = sweep(layers, knobs, ws, bs, prof.physical_cores, args.calls, args.rounds)
             print("  kernel alone (prebound native call), by threads and split: " + "; ".join(
-                f"{k['threads']}t {''.join(k[s] for s in sorted(k) if s.startswith('split'))} {t * 1e6:.2f} us"
+                f"{k['threads']}t {''.join(k[s] for s in sorted(k) if s.startswith('split'))}"
+                f"{'' if k['pin'] or k['threads'] == 1 else ' unpinned'} {t * 1e6:.2f} us"
                 for t, k in swept))
         report[key] = {"sweep": [(t, k) for t, k in swept], "widths": widths, "median_s": med, "knobs": knobs, "limit_s": lim_t, "limit_level": lvl_t,
                        "limit_all_cores_s": lim_all, "skipped": {k: why for k, (f, why) in rs.items() if not f}}

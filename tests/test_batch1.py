@@ -63,7 +63,7 @@ def settings(layers, threads):
     """Every split combination at each thread count, the inner-loop knobs cycled through ``INNER``."""
     out = []
     for i, (t, splits) in enumerate(itertools.product(threads, itertools.product("nk", repeat=len(layers)))):
-        k = dict(INNER[i % len(INNER)], threads=t, spin_us=mlp.SPIN_US[i % len(mlp.SPIN_US)])
+        k = dict(INNER[i % len(INNER)], threads=t, spin_us=mlp.SPIN_US[i % len(mlp.SPIN_US)], pin=i % 2)
         k.update(zip(mlp.split_names(layers), splits))
         out.append(k)
     return out
@@ -145,10 +145,10 @@ def test_space_keeps_one_thread_and_canonical_spin(lim):
     layers = SHAPES["three"]
     sp = knob_space(MlpProblem(layers), lim)
     one = [c for c in sp.enumerate() if c["threads"] == 1]
-    assert one and {c["spin_us"] for c in one} == {mlp.SPIN_US[0]}
+    assert one and {(c["spin_us"], c["pin"]) for c in one} == {(mlp.SPIN_US[0], 1)}
     if lim.physical_cores > 1:
         many = [c for c in sp.enumerate() if c["threads"] > 1]
-        assert {c["spin_us"] for c in many} == set(mlp.SPIN_US)
+        assert {c["spin_us"] for c in many} == set(mlp.SPIN_US) and {c["pin"] for c in many} == {0, 1}
         assert {tuple(c[s] for s in mlp.split_names(layers)) for c in many} == set(itertools.product("nk", repeat=3))
     d = default_knobs(MlpProblem(layers), lim)
     assert sp.is_valid(sp.make(d))

@@ -15,8 +15,9 @@ column, giving partial sums that the next layer's threads add up, with the
 bias and activation, as they read them). One barrier per layer; the last
 layer's split-K sums are added by the caller after the call. ``spin_us``:
 how long an idle worker spins before it sleeps (a control loop that calls
-more often than that never pays a wake-up). ``threads = 1`` runs on the
-caller alone, no pool.
+more often than that never pays a wake-up). ``pin``: 1 pins each worker to
+its own physical core, 0 leaves placement to the scheduler (see ``pool.py``).
+``threads = 1`` runs on the caller alone, no pool.
 
 Exported C (``PF_API`` defaults to external linkage; the C export includes
 this source with ``PF_API`` set to ``static``):
@@ -28,7 +29,7 @@ this source with ``PF_API`` set to ``static``):
   y)`` then ``pf_mlp_go(h)``: the same with pointers bound once.
 - ``void pf_mlp_destroy(void *h)``: stops and joins the workers, frees all.
 
-Compile-time knobs: vec, jb, ksplit, unroll, threads, split0..split<L-1>, spin_us.
+Compile-time knobs: vec, jb, ksplit, unroll, threads, split0..split<L-1>, spin_us, pin.
 """
 from __future__ import annotations
 
@@ -60,10 +61,10 @@ def space(layers: Sequence[tuple[int, int, str]], profile) -> Space:
         [categorical("vec", vecs), categorical("jb", (1, 2, 4, 8)), categorical("ksplit", (1, 2, 4)),
          categorical("unroll", (1, 2, 4)), categorical("threads", tuple(range(1, profile.physical_cores + 1))),
          *[categorical(s, ("n", "k")) for s in split_names(layers)],
-         categorical("spin_us", SPIN_US)],
+         categorical("spin_us", SPIN_US), categorical("pin", (1, 0))],
         ["jb * ksplit + jb + 1 <= vregs", "jb * vec <= max(vec, n_min)",
          # one thread has no pool to spin: every spin bound is the same plan
-         f"threads > 1 or spin_us == {SPIN_US[0]}"],
+         f"threads > 1 or (spin_us == {SPIN_US[0]} and pin == 1)"],
         constants={"vregs": profile.vector_registers, "n_min": n_min},
     )
 
@@ -78,7 +79,7 @@ def defaults(layers: Sequence[tuple[int, int, str]], lim) -> dict[str, Any]:
     wbytes = 4 * sum(k * n for k, n, _ in layers)
     cores = max(1, lim.physical_cores)
     threads = cores if cores > 1 and wbytes / cores > lim.caches["L1d"] else 1
-    d = {"vec": vec, "jb": jb, "ksplit": 2, "unroll": 2, "threads": threads, "spin_us": SPIN_US[0]}
+    d = {"vec": vec, "jb": jb, "ksplit": 2, "unroll": 2, "threads": threads, "spin_us": SPIN_US[0], "pin": 1}
     for s, (k, n, _) in zip(split_names(layers), layers):
         d[s] = "n" if threads == 1 or n // (jb * vec) >= 2 * threads else "k"
     return d
@@ -104,6 +105,7 @@ def source(layers: Sequence[tuple[int, int, str]], knobs: dict[str, Any]) -> str
 #define NL {L}
 #define STAGES NL
 #define SPIN_NS ({int(knobs.get('spin_us', SPIN_US[0]))}L * 1000L)
+#define PIN {int(knobs.get('pin', 1))}  /* 1: workers pinned one per physical core */
 #define WIDEST {widest}
 #ifndef PF_API
 #define PF_API

@@ -15,8 +15,13 @@ cache line: a thread that finished stage ``s`` of call ``c`` stores
 others' counters: no shared read-modify-write, no reset between calls, so a
 barrier is one cache-line transfer per thread.
 
+Pinning keeps a worker's weight slice in its core's L2, but the caller's
+thread is not pinned (that is the application's choice), and on a machine
+busy with other work the scheduler may move it onto a worker's core, where
+the two then take turns: ``PIN`` 0 leaves the workers to the scheduler too.
+
 The C defines (the including template sets ``PT`` threads, ``STAGES`` per
-call and ``SPIN_NS`` before it includes this code, and a
+call, ``SPIN_NS`` and ``PIN`` before it includes this code, and a
 ``static void pool_work(pool *p, int t)`` that runs thread ``t``'s share of
 one call, calling ``pool_barrier(p, t, s)`` after its stage ``s`` when later
 stages read what other threads wrote, and ending with ``pool_sync(p, t,
@@ -172,14 +177,14 @@ static int pool_start(pool *p, pool_init_fn init) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     if (init(p, 0) != 0) return -1;
-    int cpus[PT > 1 ? PT : 1], ncpu = PT > 1 ? pool_cpus(cpus, PT) : 0;
+    int cpus[PT > 1 ? PT : 1], ncpu = PT > 1 && PIN ? pool_cpus(cpus, PT) : 0;
     for (int t = 1; t < PT; t++) {
         p->targ[t].p = p;
         p->targ[t].t = t;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
 #ifdef __linux__
-        if (ncpu > 1) {  /* worker t on the t-th core of the list; the caller keeps its own */
+        if (PIN && ncpu > 1) {  /* worker t on the t-th core of the list; the caller keeps its own */
             cpu_set_t one;
             CPU_ZERO(&one);
             CPU_SET(cpus[(t - 1) % ncpu], &one);
