@@ -74,7 +74,7 @@ def test_target_option(cli, tmp_path):
     assert load_spec(tmp_path / "spec.json")["target"]["backend"] == "table"
     for args, msg in [(["tune", "-w", "drill", "--target", "cpu"], "the drill runs on the 'table' target only"),
                       (["tune", "-w", "gemm", "--target", "nope"],
-                       "target 'nope' is not available; known targets: cpu, replay, table"),
+                       "target 'nope' is not available; known targets: cpu, cuda, replay, table"),
                       (["probe", "--target", "nope"], "target 'nope' is not available"),
                       (["probe", "--target", "table"], "target 'table' has no device of its own to probe")]:
         r = cli(*args, "--out", tmp_path / "x") if args[0] == "tune" else cli(*args)
