@@ -87,4 +87,4 @@ def test_the_report_draws_a_space_larger_than_a_float_holds():
 
     png = plots.funnel({"funnel": [{"stage": "space", "count": 7 * 10**400}, {"stage": "measured", "count": 64}]})
     assert png and len(png) > 100
-    assert plots._count_label(7 * 10**400) == "7.00e+400" and plots._count_label(1234) == "1,234"
+    assert plots.fmt_size(7 * 10**400) == "7.00e+400" and plots.fmt_size(1234) == "1,234"

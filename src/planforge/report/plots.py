@@ -10,6 +10,8 @@ import io
 import math
 from typing import Any
 
+from .summary import fmt_size
+
 _DPI = 96
 _INVALID = {"compile": "#d62728", "runtime": "#9467bd", "timeout": "#8c564b", "correctness": "#e377c2",
             "constraints": "#7f7f7f"}
@@ -88,17 +90,6 @@ def _plottable(n) -> float:
         return 1e100
 
 
-def _count_label(n) -> str:
-    """``1,234`` up to 10^12, then ``3.1e+76``, exact for counts past what a float holds (``10^412``)."""
-    if abs(n) < 10**12:
-        return f"{n:,}"
-    try:
-        return f"{float(n):.3g}"
-    except OverflowError:
-        digits = str(abs(int(n)))
-        return f"{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
-
-
 def funnel(task: dict[str, Any]) -> str | None:
     """The L0 funnel: points left after each stage, log scale."""
     stages = task.get("funnel") or []
@@ -110,7 +101,7 @@ def funnel(task: dict[str, Any]) -> str | None:
     counts = [max(_plottable(s["count"]), 0.5) for s in stages][::-1]
     ax.barh(names, counts, color="#2ca02c")
     for i, s in enumerate(stages[::-1]):
-        ax.annotate(_count_label(s["count"]), (counts[i], i), xytext=(4, 0), textcoords="offset points", va="center",
+        ax.annotate(fmt_size(s["count"]), (counts[i], i), xytext=(4, 0), textcoords="offset points", va="center",
                     fontsize=8)
     if max(counts) / min(counts) > 50:
         ax.set_xscale("log")
