@@ -91,7 +91,8 @@ def tune(
     epilogue: Optional[str] = typer.Option(None, "--epilogue",
                                            help="Kernel workloads: none, bias, bias_relu, bias_gelu (eltwise: a chain)."),
     option: list[str] = typer.Option([], "--option", help="Workload option key=value (repeatable)."),
-    strategy_option: list[str] = typer.Option([], "--strategy-option", help="Strategy setting key=value (repeatable)."),
+    strategy_option: list[str] = typer.Option([], "--strategy-option", help="Strategy setting key=value (repeatable); "
+                                                                            "`planforge strategies` lists them."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object summarising the run, nothing else."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; summary only."),
     executor: str = typer.Option("local", "--executor", help="Where measurements run: local (isolated worker "
@@ -434,6 +435,36 @@ def replay(
                       "n evaluations", highlight=False)
     if plot is not None:
         out_console.print(f"curves: {plot}", highlight=False)
+
+
+@app.command("strategies")
+def strategies_cmd(
+    name: Optional[str] = typer.Argument(None, help="One strategy (default: every one, and auto)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the settings as JSON."),
+) -> None:
+    """List the search strategies and the settings each takes (--strategy-option key=value)."""
+    from .search import STRATEGIES
+    from .search.registry import settings_of
+    from .search.settings import SettingError
+
+    names = [name] if name else ["auto", *STRATEGIES]
+    try:
+        table = {n: settings_of(n) for n in names}
+    except SettingError as e:
+        _fail(str(e))
+    if as_json:
+        print(json.dumps({n: [s.to_json() for s in ss] for n, ss in table.items()}, indent=1))
+        return
+    for n, ss in table.items():
+        doc = (STRATEGIES["bandit"] if n == "auto" else STRATEGIES[n]).__doc__ or ""
+        head = "exhaustive if the space fits the budget, model-guided with an analytic model, else this bandit" \
+            if n == "auto" else doc.strip().split("\n")[0]
+        t = Table(title=f"{n}: {head}", title_justify="left")
+        for col in ("setting", "type", "default", "range", "help"):
+            t.add_column(col)
+        for s in ss:
+            t.add_row(s.name, s.kind, repr(s.default), s.range_text(), s.help)
+        out_console.print(t)
 
 
 def _plot_replay(results, budget: int, folder: Path) -> None:

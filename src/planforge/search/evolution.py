@@ -23,6 +23,7 @@ from ..costmodel.funnel import Analytic
 from ..costmodel.learned import HeldOut, LearnedRanker
 from ..outcome import Outcome
 from ..space import Candidate, Space, SpaceError
+from .settings import Setting
 from .strategies import Strategy
 
 
@@ -45,6 +46,16 @@ class ModelGuided(Strategy):
 
     name = "model"
     takes_initial = True
+    settings = (Setting("batch", "int", 8, "points per round, measured before the ranker is retrained", low=1),
+                Setting("population", "int", 512, "points evolved per round", low=2),
+                Setting("generations", "int", 4, "rounds of selection, crossover and mutation", low=0),
+                Setting("epsilon", "float", 0.1, "chance that a slot goes to a random unmeasured point", low=0, high=1),
+                Setting("exhaustive_limit", "int", 4096, "valid points up to which the space is scored whole",
+                        low=0),
+                Setting("min_fit", "int", 8, "measurements before the learned ranker is used", low=1),
+                Setting("rounds", "int", 100, "LightGBM boosting rounds of the ranker", low=1),
+                Setting("leaves", "int", 15, "LightGBM leaves per tree", low=2))
+    duplicate_limit = 1000
 
     def __init__(self, space: Space, seed: int = 0, cost_model=None, batch: int = 8, population: int = 512,
                  generations: int = 4, epsilon: float = 0.1, exhaustive_limit: int = 4096, min_fit: int = 8,
@@ -52,7 +63,6 @@ class ModelGuided(Strategy):
         if batch < 1 or population < 2 or generations < 0 or not 0 <= epsilon <= 1:
             raise ValueError(f"model strategy: need batch >= 1, population >= 2, generations >= 0 and "
                              f"0 <= epsilon <= 1 (got {batch}, {population}, {generations}, {epsilon})")
-        kw.setdefault("max_duplicates", 1000)
         super().__init__(space, seed, **kw)
         self.analytic = cost_model if isinstance(cost_model, Analytic) else None
         self.prior = cost_model  # any CostModel predicts: its best predicted points are the first batch

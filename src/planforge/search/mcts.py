@@ -25,6 +25,7 @@ import math
 from typing import Sequence
 
 from ..space import Candidate, Space, SpaceError
+from .settings import Setting
 from .strategies import Result, Strategy
 
 
@@ -54,10 +55,15 @@ class MCTS(Strategy):
     """
 
     name = "mcts"
+    settings = (Setting("c", "float", 0.3, "UCB1 exploration constant (rewards are ranks in [0, 1])", low=0),
+                Setting("tries", "int", 64, "rollout attempts before a node of a non-enumerable space is closed",
+                        low=1),
+                Setting("enumerate_limit", "int", 2_000_000, "cross-product size up to which the space is enumerated",
+                        low=0))
+    duplicate_limit = 1_000_000  # the tree never re-proposes; closing handles exhaustion
 
     def __init__(self, space: Space, seed: int = 0, c: float = 0.3, tries: int = 64,
                  enumerate_limit: int = 2_000_000, **kw):
-        kw.setdefault("max_duplicates", 1_000_000)  # the tree never re-proposes; closing handles exhaustion
         super().__init__(space, seed, **kw)
         self.c, self.tries = c, tries
         self._radix = [len(k.values) for k in space.knobs]

@@ -28,6 +28,7 @@ from typing import Any, Hashable, Mapping, Sequence
 from ..space import Candidate, Space
 from .evolution import ModelGuided
 from .mcts import MCTS
+from .settings import Setting, SettingError, check_options
 from .strategies import Annealing, Exhaustive, Genetic, HillClimb, RandomSearch, Result, Strategy
 from .surrogate import Thompson
 from .tpe import TPE
@@ -110,6 +111,10 @@ class Portfolio(Strategy):
     """
 
     name = "bandit"
+    settings = (Setting("arms", "str", "+".join(DEFAULT_ARMS), "strategies to run as arms, joined by +"),
+                Setting("c", "float", 0.05, "weight of the bandit's exploration term", low=0),
+                Setting("window", "int", 500, "recent uses the bandit remembers", low=1),
+                Setting("arm_options", "json", None, "per arm name, a mapping of that arm's settings"))
 
     def __init__(self, space: Space, seed: int = 0, arms: Sequence[str] | str = DEFAULT_ARMS, c: float = 0.05,
                  window: int = 500, arm_options: dict[str, dict[str, Any]] | None = None,
@@ -126,10 +131,15 @@ class Portfolio(Strategy):
         if len(set(arms)) != len(arms):
             raise ValueError(f"bandit arms repeat: {list(arms)}")
         arm_options = arm_options or {}
+        stray = [a for a in arm_options if a not in arms]
+        if stray:
+            raise SettingError(f"bandit: arm_options for {', '.join(map(repr, stray))}, which "
+                               f"{'is' if len(stray) == 1 else 'are'} not an arm (arms: {', '.join(arms)})")
         self.arms: dict[str, Strategy] = {}
         for a in arms:
-            opts = dict(arm_options.get(a, {}))
-            self.arms[a] = catalog[a](space, self.rng.randrange(2**31), **opts)
+            cls = catalog[a]
+            opts = check_options(a, cls.all_settings(), dict(arm_options.get(a, {})))
+            self.arms[a] = cls(space, self.rng.randrange(2**31), **opts)
         self.bandit = AUCBandit(list(self.arms), c, window)
         self.owner: dict[str, str] = {}
         self.best = math.inf

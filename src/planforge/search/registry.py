@@ -8,11 +8,14 @@ imports them all).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..costmodel.funnel import Analytic
 from ..space import Space, SpaceError
 from .evolution import ModelGuided
 from .mcts import MCTS
 from .portfolio import Portfolio
+from .settings import Setting, SettingError, check_options
 from .strategies import Annealing, Exhaustive, Genetic, HillClimb, ProxyTopK, RandomSearch, Strategy
 from .surrogate import Thompson
 from .tpe import TPE
@@ -32,6 +35,21 @@ STRATEGIES: dict[str, type[Strategy]] = {
 AUTO_PORTFOLIO = {"arms": ("thompson", "genetic", "annealing", "hillclimb"), "c": 0.2}
 
 
+# keyword arguments the library passes itself, never a user's setting
+INTERNAL = ("initial", "catalog", "cost_model")
+
+
+def settings_of(name: str) -> tuple[Setting, ...]:
+    """The declared settings of strategy ``name`` (``auto``: those of the strategy it picks on a large space
+    without a cost model, the bandit portfolio, with ``AUTO_PORTFOLIO``'s values as defaults)."""
+    if name == "auto":
+        auto = {**AUTO_PORTFOLIO, "arms": "+".join(AUTO_PORTFOLIO["arms"])}
+        return tuple(replace(s, default=auto[s.name]) if s.name in auto else s for s in Portfolio.all_settings())
+    if name not in STRATEGIES:
+        raise SettingError(f"unknown strategy {name!r}; choose one of: auto, {', '.join(STRATEGIES)}")
+    return STRATEGIES[name].all_settings()
+
+
 def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = None, cost_model=None,
                   **options) -> Strategy:
     """Build a strategy by name. ``auto`` is exhaustive when the valid space
@@ -40,6 +58,7 @@ def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = N
     learned model, as the CPU kernel tasks' roofline does), genetic when seed
     candidates are given (``initial``: the extracted plans of a graph), and
     else the bandit portfolio with the settings of ``AUTO_PORTFOLIO``."""
+    chose = name == "auto"
     if name == "auto":
         try:
             fits = budget is not None and space.valid_size() <= budget
@@ -53,7 +72,12 @@ def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = N
     if name == "bandit":  # its arms come from this registry, strategies registered at run time included
         options = {"catalog": STRATEGIES, **options}
     if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose one of: auto, {', '.join(STRATEGIES)}")
+        raise SettingError(f"unknown strategy {name!r}; choose one of: auto, {', '.join(STRATEGIES)}")
+    # library-internal arguments (seed plans, the arm catalog) pass as they are; a user's settings are checked
+    try:
+        options = check_options(name, STRATEGIES[name].all_settings(), options, internal=INTERNAL)
+    except SettingError as e:
+        raise SettingError(f"auto chose {name} for this space: {e}" if chose else str(e)) from None
     if name == "model":
         return STRATEGIES[name](space, seed, cost_model=cost_model, **options)
     if name == "proxy-topk":

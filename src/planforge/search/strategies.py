@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Sequence
 from ..outcome import Outcome
 from ..space import Candidate, Space
 from .ranked import Ranked
+from .settings import Setting
 
 Result = tuple[Candidate, Outcome]
 
@@ -27,25 +28,36 @@ class Strategy:
         space: the plan space to search.
         seed: seeds the strategy's own RNG (default 0).
         max_duplicates: stop after this many consecutive proposals of
-            already-proposed candidates (default 50).
+            already-proposed candidates (default ``duplicate_limit``: 50,
+            more for a strategy that never proposes a duplicate itself).
     """
 
     name = "strategy"
+    # what the strategy can be told (``search.settings``); ``all_settings()`` adds max_duplicates
+    settings: tuple[Setting, ...] = ()
+    duplicate_limit = 50
     # whether the strategy takes seed candidates to propose first (``initial=``, e.g. a graph's extracted plans);
     # ``make_strategy`` leaves them out for one that does not
     takes_initial = False
 
-    def __init__(self, space: Space, seed: int = 0, max_duplicates: int = 50):
+    def __init__(self, space: Space, seed: int = 0, max_duplicates: int | None = None):
         self.space = space
         self.seed = seed
         self.rng = random.Random(seed)
-        self.max_duplicates = max_duplicates
+        self.max_duplicates = self.duplicate_limit if max_duplicates is None else max_duplicates
         self.proposed: set[str] = set()
         self.results: dict[str, Outcome] = {}
         self.duplicates = 0  # consecutive
         self.total_duplicates = 0
         self.done = False
         self.stop_reason = ""
+
+    @classmethod
+    def all_settings(cls) -> tuple[Setting, ...]:
+        """The strategy's declared settings and the one every strategy has."""
+        return (*cls.settings, Setting("max_duplicates", "int", cls.duplicate_limit,
+                                       "stop after this many consecutive proposals of already-proposed points",
+                                       low=1))
 
     # -- helpers for subclasses -------------------------------------------
     def _stop(self, reason: str) -> None:
@@ -124,9 +136,11 @@ class RandomSearch(Strategy):
     larger ones are sampled by rejection with the fingerprints remembered."""
 
     name = "random"
+    settings = (Setting("enumerate_limit", "int", 2_000_000,
+                        "cross-product size up to which the valid points are shuffled once (exact)", low=0),)
+    duplicate_limit = 10_000
 
     def __init__(self, space: Space, seed: int = 0, enumerate_limit: int = 2_000_000, **kw):
-        kw.setdefault("max_duplicates", 10_000)
         super().__init__(space, seed, **kw)
         self._order: list[int] | None = None
         if space.size <= enumerate_limit:
@@ -164,6 +178,9 @@ class Genetic(Strategy):
 
     name = "genetic"
     takes_initial = True
+    settings = (Setting("population", "int", 8, "random proposals before breeding starts", low=1),
+                Setting("parents", "int", 4, "best measured candidates kept as parents", low=2),
+                Setting("mutation", "float", 0.3, "chance that a child is mutated in one gene", low=0, high=1))
 
     def __init__(self, space: Space, seed: int = 0, population: int = 8, parents: int = 4,
                  mutation: float = 0.3, initial: Sequence[Candidate] = (), **kw):
@@ -208,6 +225,8 @@ class Annealing(Strategy):
     unmeasured point."""
 
     name = "annealing"
+    settings = (Setting("t0", "float", 0.5, "starting temperature on log-latency", low=1e-9),
+                Setting("cooling", "float", 0.95, "temperature factor after each measurement", low=1e-9, high=1))
 
     def __init__(self, space: Space, seed: int = 0, t0: float = 0.5, cooling: float = 0.95, **kw):
         super().__init__(space, seed, **kw)
@@ -284,6 +303,8 @@ class ProxyTopK(Strategy):
     a validity rule fills its top-k with plans that validation rejects."""
 
     name = "proxy-topk"
+    settings = (Setting("k", "int", 3, "how many of the cost model's best predictions to measure (auto: the budget)",
+                        low=1),)
 
     def __init__(self, space: Space, seed: int = 0, cost_model=None, k: int = 3, **kw):
         if cost_model is None:

@@ -46,6 +46,7 @@ import numpy as np
 from scipy import linalg
 
 from ..space import Candidate, Space, SpaceError
+from .settings import Setting
 from .strategies import Result, Strategy
 
 
@@ -78,13 +79,29 @@ class Thompson(Strategy):
     """
 
     name = "thompson"
+    settings = (
+        Setting("n_init", "int", 10, "uniformly random proposals before the model is used", low=0),
+        Setting("prior", "float", 1.0, "prior precision of a main-effect weight", low=1e-12),
+        Setting("interaction_prior", "float", 4.0, "interaction weights get prior times this", low=1e-12),
+        Setting("interactions", "bool", True, "model pairs of knobs"),
+        Setting("value_features", "bool", True, "dense features of numeric knob values (log2, alignment)"),
+        Setting("value_prior", "float", 0.1, "prior precision of a dense value feature", low=1e-12),
+        Setting("refit", "float", 0.05, "refit once this fraction of the known results is new", low=0, high=1),
+        Setting("pool", "int", 50_000, "candidates scored per draw", low=1),
+        Setting("top", "int", 3, "trust region: around this many best measured points", low=1),
+        Setting("radius", "int", 2, "trust region: at most this many knobs changed", low=1),
+        Setting("global_every", "int", 3, "one proposal in this many from the whole pool", low=1),
+        Setting("fail_penalty", "float", 1.0, "log-time told for a failure, above the slowest measured", low=0),
+        Setting("exploration", "float", 1.0, "spread of the posterior draws (0: the posterior mean)", low=0),
+        Setting("max_features", "int", 1000, "the largest model (weights); more values are binned", low=1),
+    )
+    duplicate_limit = 1_000_000  # the model never re-proposes; exhaustion stops it
 
     def __init__(self, space: Space, seed: int = 0, n_init: int = 10, prior: float = 1.0,
                  interaction_prior: float = 4.0, interactions: bool = True, value_features: bool = True,
                  value_prior: float = 0.1, refit: float = 0.05, pool: int = 50_000, top: int = 3, radius: int = 2,
                  global_every: int = 3, fail_penalty: float = 1.0, exploration: float = 1.0,
                  max_features: int = 1000, **kw):
-        kw.setdefault("max_duplicates", 1_000_000)  # the model never re-proposes; exhaustion stops it
         super().__init__(space, seed, **kw)
         if global_every < 1 or top < 1 or radius < 1:
             raise ValueError(f"thompson: global_every, top and radius must be at least 1 "

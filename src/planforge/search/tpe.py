@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..space import Candidate, Space, SpaceError
+from .settings import Setting
 from .strategies import Result, Strategy
 
 
@@ -52,10 +53,15 @@ class TPE(Strategy):
     """
 
     name = "tpe"
+    settings = (Setting("n_startup", "int", 10, "random trials before TPE models the results", low=0),
+                Setting("max_misses", "int", 2, "repeated proposals without a fresh neighbour before a random point",
+                        low=1),
+                Setting("multivariate", "bool", True, "model the knobs jointly"),
+                Setting("sampler_options", "json", None, "extra keyword arguments for optuna's TPESampler"))
+    duplicate_limit = 1_000_000  # repeats are handled here, see max_misses
 
     def __init__(self, space: Space, seed: int = 0, n_startup: int = 10, max_misses: int = 2,
                  multivariate: bool = True, sampler_options: dict[str, Any] | None = None, **kw):
-        kw.setdefault("max_duplicates", 1_000_000)  # repeats are handled here, see max_misses
         super().__init__(space, seed, **kw)
         optuna = import_optuna()
         self._optuna = optuna
