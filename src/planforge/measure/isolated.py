@@ -23,7 +23,8 @@ def measure_isolated(worker, fn, job: dict, timeout) -> Outcome:
         v = r.value
         if v["status"] == "ok":
             timeout.observe(r.wall_s)
-            return Outcome.measured(v["times"])
+            load = v.get("other_load")  # other processes' share of the worker's CPUs while it timed
+            return Outcome.measured(v["times"], **({} if load is None else {"other_load": load}))
         return Outcome.invalid(v["status"], v["message"])
     if r.status == "timeout":
         return Outcome.invalid("timeout", r.message)

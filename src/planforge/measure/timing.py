@@ -4,7 +4,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, asdict
-from typing import Callable
+from typing import Any, Callable
+
+from .load import LoadMeter
 
 
 @dataclass(frozen=True)
@@ -56,3 +58,13 @@ def time_fn(fn: Callable[[], None], cfg: TimingConfig = TimingConfig(), flush: C
             fn()
         times.append((clock() - s) / batch)
     return times
+
+
+def timed(fn: Callable[[], None], cfg: TimingConfig = TimingConfig(),
+          flush: Callable[[], None] | None = None) -> dict[str, Any]:
+    """``time_fn`` and, beside its ``times``, ``other_load``: the share (0..1, None where unknown) of this
+    process's CPUs that other processes used meanwhile (see ``planforge.measure.load``). A measurement
+    job returns this, so that a slow time taken on a busy machine says so."""
+    with LoadMeter() as load:
+        times = time_fn(fn, cfg, flush)
+    return {"times": times, "other_load": load.share}

@@ -35,6 +35,7 @@ from ..measure.executor import Executor, InlineExecutor, make_executor
 from ..outcome import Outcome
 from ..space import Candidate, Space
 from .ranked import Ranked
+from .recheck import Rechecks
 from .strategies import Strategy
 
 
@@ -151,6 +152,7 @@ class _Search:
     order: deque = field(default_factory=deque)
     arrived: dict = field(default_factory=dict)
     floor: float | None = None  # the best of an interrupted run's outcomes, for the screen before any is settled
+    rechecks: Rechecks = field(default_factory=Rechecks)  # times >= 10x the best, held until measured again
 
     def best(self) -> float | None:
         """The best metric so far (the screen's incumbent)."""
@@ -238,6 +240,14 @@ def search_async(space: Space, strategy: StrategyFor, executor: Executor, budget
             s.ranked.insert(o.metric, c, o)
         return c, o
 
+    def resubmit(s: _Search, where: str, again: list[Candidate]) -> int:
+        """Measure suspiciously slow results again (``search.recheck``); they are in flight already."""
+        if again:
+            executor.submit(again, target=where)
+            if ordered:
+                s.order.extend(c.fingerprint for c in again)
+        return len(again)
+
     def check(s: _Search) -> None:
         tally = s.tally
         if s.stop:
@@ -263,7 +273,8 @@ def search_async(space: Space, strategy: StrategyFor, executor: Executor, budget
             break
         again = False
         for where, s in searches.items():
-            want = 0 if (s.stop or s.exhausted) else free.get(where, 0)
+            redo = resubmit(s, where, s.rechecks.due(free.get(where, 0), bool(s.stop or s.exhausted)))
+            want = 0 if (s.stop or s.exhausted) else free.get(where, 0) - redo
             if budget.evals is not None:  # never ask for more than the budget can take
                 want = min(want, budget.evals - s.tally.evals - s.inflight)
             if want <= 0:
@@ -291,6 +302,7 @@ def search_async(space: Space, strategy: StrategyFor, executor: Executor, budget
             if fresh:
                 executor.submit(fresh, target=where)
                 s.inflight += len(fresh)
+                s.rechecks.submitted += len(fresh)
                 if ordered:
                     s.order.extend(c.fingerprint for c in fresh)
             elif told:
@@ -312,11 +324,14 @@ def search_async(space: Space, strategy: StrategyFor, executor: Executor, budget
                         ready.setdefault(where, []).append(s.arrived.pop(s.order.popleft()))
             for where, done in ready.items():
                 s = search_for(where)
-                s.inflight -= len(done)
-                s.strategy.tell([settle(s, d.candidate, d.outcome, False) for d in done])
+                now = s.rechecks.sift([(d.candidate, d.outcome) for d in done], s.best())  # holds suspects back
+                s.inflight -= len(now)
+                s.strategy.tell([settle(s, c, o, False) for c, o in now])
         else:
-            for s in searches.values():
-                if not (s.stop or s.exhausted or s.inflight):
+            for where, s in searches.items():
+                if s.rechecks.held:  # nothing else in flight to wait behind: measure the suspects again now
+                    resubmit(s, where, s.rechecks.due(len(s.rechecks.held), True))
+                elif not (s.stop or s.exhausted or s.inflight):
                     s.stop = "no measurement slot is left"
     seconds = time.perf_counter() - t0
     by_target = {w: SearchResult(s.tally.trials, s.ranked, s.tally.curve, s.stop, s.tally.evals,

@@ -19,7 +19,8 @@ from ...ir.graph import apply_op
 from ...ops import REGISTRY
 from .build import artifact, build_many, install
 from .templates import TEMPLATES
-from ...measure import AdaptiveTimeout, TimingConfig, Worker, time_fn
+from ...measure import AdaptiveTimeout, TimingConfig, Worker
+from ...measure.timing import timed
 from ...outcome import Outcome
 from ...measure.isolated import LOG_LIMIT, measure_isolated
 from ...space import Candidate
@@ -93,8 +94,7 @@ def run_plan_job(job: dict) -> dict:
         err = float(np.abs(o.astype(np.float64) - r).max())
         if err > tol:
             return {"status": "correctness", "message": f"max |out - ref| = {err:.3g} exceeds the tolerance {tol:.3g}"}
-    times = time_fn(fn, cfg)
-    return {"status": "ok", "times": times}
+    return {"status": "ok", **timed(fn, cfg)}  # times, and the other processes' share of the worker's CPUs
 
 
 @dataclass
