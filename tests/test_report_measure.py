@@ -105,3 +105,6 @@ def test_merged_keeps_the_first_when_the_second_failed():
     assert m.metric == pytest.approx(2e-3) and m.extra["recheck"]["second"]["status"] == "timeout"
     r = Rechecks()
     assert not r.suspect(first, None) and r.suspect(first, 1e-4) and not r.suspect(first, 1e-3)
+    quiet = Outcome.measured([2e-3] * 4, other_load=0.02)  # slow on a quiet machine: slow, trusted as it is
+    unknown = Outcome.measured([2e-3] * 4, other_load=None)
+    assert not r.suspect(quiet, 1e-4) and r.suspect(unknown, 1e-4)

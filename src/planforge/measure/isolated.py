@@ -23,8 +23,8 @@ def measure_isolated(worker, fn, job: dict, timeout) -> Outcome:
         v = r.value
         if v["status"] == "ok":
             timeout.observe(r.wall_s)
-            load = v.get("other_load")  # other processes' share of the worker's CPUs while it timed
-            return Outcome.measured(v["times"], **({} if load is None else {"other_load": load}))
+            # other processes' share of the worker's CPUs while it timed (None: unknown; absent: not a CPU runner)
+            return Outcome.measured(v["times"], **({"other_load": v["other_load"]} if "other_load" in v else {}))
         return Outcome.invalid(v["status"], v["message"])
     if r.status == "timeout":
         return Outcome.invalid("timeout", r.message)

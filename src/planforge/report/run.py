@@ -17,6 +17,7 @@ from typing import Any
 
 from ..costmodel.funnel import Analytic
 from ..results import toolchain
+from .summary import running_steps, step_name
 
 RUN_VERSION = 1
 RUN_FILE = "run.json"
@@ -45,6 +46,69 @@ def _intensities(task, cands) -> list[float | None]:
         return [None] * len(cands)
 
 
+def _measurement(o) -> dict[str, Any]:
+    """What a latency is made of: median, spread (IQR / median), repeats, and the load while it was taken."""
+    return {"latency_s": o.metric, "spread": _num(o.spread), "repeats": len(o.times),
+            "other_load": o.extra.get("other_load")}
+
+
+def _traffic(program: list[dict] | None) -> float | None:
+    """Bytes a graph plan moves: what each step that runs reads and writes (fp32), folded constants read once per
+    step that uses them; None for a kernel (its cost model gives its intensity). A fused plan moves fewer."""
+    if not program:
+        return None
+    size = {s["cls"]: 4.0 * math.prod(s["shape"]) for s in program if s.get("shape")}
+    return sum(size.get(s["cls"], 0.0) + sum(size.get(i, 0.0) for i in s["inputs"])
+               for s in running_steps(program)) or None
+
+
+def importance(space, cands, metrics, top: int = 8) -> dict[str, float]:
+    """Share of a LightGBM regression's gain (log latency on the knobs) per knob, the ``top`` largest, for knobs
+    that vary among the measured plans; {} with fewer than 8 measurements (too few to say anything)."""
+    import lightgbm as lgb
+    import numpy as np
+
+    from ..costmodel.learned import knob_matrix
+
+    if len(cands) < 8:
+        return {}
+    x = knob_matrix(space, cands)
+    vary = [i for i in range(x.shape[1]) if len(set(x[:, i])) > 1]
+    if not vary:
+        return {}
+    params = {"objective": "regression", "num_leaves": 7, "min_data_in_leaf": 2, "min_data_in_bin": 1,
+              "verbose": -1, "seed": 0, "deterministic": True, "num_threads": 1}
+    model = lgb.train(params, lgb.Dataset(x[:, vary], np.log(metrics), params={"verbose": -1}), num_boost_round=40)
+    gain = model.feature_importance("gain")
+    total = float(gain.sum())
+    if total <= 0:
+        return {}
+    shares = sorted(((float(g) / total, space.knobs[i].name) for g, i in zip(gain, vary)), reverse=True)[:top]
+    return {name: round(v, 4) for v, name in shares if v > 0}
+
+
+def knob_label(space, name: str, template: str | None) -> str:
+    """A knob as the op and parameter it belongs to: ``c_T10`` -> "T10: implementation", ``k_T10_3`` ->
+    "T10 fused_mlp#3: setting", a kernel template's ``tile_m`` -> "gemm.tile_m"."""
+    if name.startswith("c_"):
+        return f"{name[2:]}: which implementation"
+    if name.startswith("k_") and name.count("_") == 2:
+        cls, idx = name[2:].rsplit("_", 1)
+        gene = next((k for k in space.knobs if k.name == f"c_{cls}"), None)
+        what = gene.values[int(idx)] if gene is not None and idx.isdigit() and int(idx) < len(gene.values) else idx
+        return f"{cls} {what}: setting"
+    return f"{template}.{name}" if template else name
+
+
+def plan_steps(t, c) -> list[dict[str, Any]]:
+    """The plan as the steps that run, each with its knobs: a graph plan's kernels and library calls (folded
+    constants and views left out), or a kernel's template with its settings."""
+    program = t.backend.program(c)
+    if program is None:
+        return [{"what": t.backend.describe().get("template") or t.key, "knobs": c.as_dict()}]
+    return [{"what": step_name(s), "cls": s["cls"], "knobs": s.get("knobs") or {}} for s in running_steps(program)]
+
+
 def task_run(tr, label) -> dict[str, Any]:
     """One task's run data: trials with wall times, proxy scores, ranked, walk, libraries, funnel."""
     r, t = tr.result, tr.task
@@ -55,6 +119,13 @@ def task_run(tr, label) -> dict[str, Any]:
         preds = t.cost_model.predict([x.candidate for x in measured])
         proxy = {x.candidate.fingerprint: _num(float(p)) for x, p in zip(measured, preds)}
     inten = dict(zip((x.candidate.fingerprint for x in measured), _intensities(t, [x.candidate for x in measured])))
+    work = task_work(t)
+    if work and work.get("flops"):  # a graph plan's own traffic, where the cost model gives no intensity
+        for x in measured:
+            fp = x.candidate.fingerprint
+            if inten.get(fp) is None and (b := _traffic(t.backend.program(x.candidate))):
+                inten[fp] = work["flops"] / b
+    searched = {x.candidate.fingerprint: x.outcome for x in measured}  # the search's own measurement of each plan
     rows = []
     for x in trials:
         o = x.outcome
@@ -62,7 +133,9 @@ def task_run(tr, label) -> dict[str, Any]:
         rows.append({"n": x.n, "wall_s": x.wall_s, "fingerprint": fp, "plan": x.candidate.as_dict(),
                      "label": label(tr, x.candidate), "status": o.status, "category": o.category,
                      "latency_s": o.metric, "spread": o.spread, "cached": x.cached,
-                     "message": o.message[:300], "proxy": proxy.get(fp), "intensity": inten.get(fp)})
+                     "message": o.message[:300], "proxy": proxy.get(fp), "intensity": inten.get(fp),
+                     "repeats": len(o.times), "other_load": o.extra.get("other_load"),
+                     "recheck": o.extra.get("recheck")})
     ranked = tr.ranked or r.ranked
     walk = tr.walk
     rejected = list(walk.rejected) if walk else (list(tr.error.rejected) if tr.error else [])
@@ -78,29 +151,41 @@ def task_run(tr, label) -> dict[str, Any]:
         "space": {"size": t.space.size, "knobs": len(t.space.knobs)},
         "trials": rows,
         "ranked": [{"rank": i, "latency_s": e.metric, "fingerprint": e.candidate.fingerprint,
-                    "plan": e.candidate.as_dict(), "label": label(tr, e.candidate)}
+                    "plan": e.candidate.as_dict(), "label": label(tr, e.candidate),
+                    **({k: v for k, v in _measurement(e.outcome).items() if k != "latency_s"} if e.outcome else {}),
+                    "search": _measurement(searched[e.candidate.fingerprint])
+                    if e.candidate.fingerprint in searched else None}
                    for i, e in enumerate(ranked, start=1)],
         "remeasured": tr.ranked is not None and tr.ranked is not r.ranked,
         "accepted_rank": walk.accepted.rank if walk else None,
         "rejected": [{"rank": f.rank, "reasons": list(f.reasons)} for f in rejected],
         "error": str(tr.error) if tr.error else None,
-        "baselines": {n: ({"latency_s": o.metric} if o.ok else {"failed": o.category, "message": o.message[:300]})
+        "baselines": {n: (_measurement(o) if o.ok else {"failed": o.category, "message": o.message[:300]})
                       for n, o in sorted(tr.baselines.items())},
         "best_library": list(tr.best_library) if tr.best_library else None,
         "ratio_vs_library": tr.ratio_vs_library,
         "fallback": tr.fallback,
         "selected_latency_s": tr.selected_latency,
         "saved_s": tr.saved_s,
-        "proxy": ({"name": t.cost_model.name, "spearman": tr.proxy_spearman} if t.cost_model is not None else None),
+        "proxy": ({"name": t.cost_model.name, "spearman": tr.proxy_spearman,
+                   "unit": "s" if isinstance(t.cost_model, Analytic) else "score"}
+                  if t.cost_model is not None else None),
+        "importance": importance(t.space, [x.candidate for x in measured], [x.outcome.metric for x in measured]),
+        "knob_labels": {k.name: knob_label(t.space, k.name, t.backend.describe().get("template"))
+                        for k in t.space.knobs},
         "funnel": list(tr.funnel),
         "info": {k: v for k, v in t.info.items() if k != "saturation"},
-        "work": task_work(t),
+        "work": work,
         "accepted": None,
     }
     if walk:
         d["accepted"] = {"rank": walk.accepted.rank, "latency_s": walk.accepted.metric,
                          "fingerprint": walk.accepted.candidate.fingerprint, "plan": walk.accepted.candidate.as_dict(),
-                         "label": label(tr, walk.accepted.candidate), "peak_bytes": walk.accepted.peak_bytes}
+                         "label": label(tr, walk.accepted.candidate), "peak_bytes": walk.accepted.peak_bytes,
+                         "steps": plan_steps(t, walk.accepted.candidate)}
+        acc_entry = next((e for e in ranked if e.candidate.fingerprint == walk.accepted.candidate.fingerprint), None)
+        if acc_entry is not None and acc_entry.outcome is not None:
+            d["accepted"].update({k: v for k, v in _measurement(acc_entry.outcome).items() if k != "latency_s"})
     return d
 
 
@@ -145,6 +230,7 @@ def build_run(res, command: str = "") -> dict[str, Any]:
         "records": str(res.records_path),
         "environment": environment(res),
         "tasks": {tr.task.key: task_run(tr, plan_label) for tr in res.tasks},
+        "end_to_end": res.end_to_end.to_json() if res.end_to_end is not None else None,
     }
 
 

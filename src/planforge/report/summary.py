@@ -61,19 +61,35 @@ def best_so_far(tr: TaskResult) -> list[float]:
     return [v for v in out if math.isfinite(v)]
 
 
+def running_steps(program: list[dict]) -> list[dict]:
+    """The steps of a graph plan that run per call: leaves, views (reshape), pairs and anything computed from
+    parameters alone (a transposed weight: the plan folds it into a constant at load time) left out."""
+    const: set[str] = set()
+    out = []
+    for s in program:
+        op, name = s["op"], (s["args"] or [""])[0]
+        if op in ("T.param", "T.param_t") or (op in ("lib1", "lib2", "lib3") and name != "pair" and s["inputs"]
+                                              and all(i in const for i in s["inputs"])):
+            const.add(s["cls"])
+        elif not (op.startswith(("T.", "Layers.")) or (op == "lib1" and name == "reshape") or name == "pair"):
+            out.append(s)
+    return out
+
+
+def step_name(s: dict) -> str:
+    """``fused_mlp``, ``tmpl:linear``, ``lib:softmax[1]``: what one step runs."""
+    if s["op"] == "fused_mlp":
+        return "fused_mlp"
+    args = s["args"] + [""] * 2
+    return f"{s['op'][:-1]}:{args[0]}" + (f"[{args[1]}]" if args[1] else "")
+
+
 def plan_label(tr: TaskResult, c) -> str:
-    """A plan as a reader wants it: the program's kernels for graph plans, the knobs otherwise."""
+    """A plan as a reader wants it: the steps that run for graph plans, the knobs otherwise."""
     program = tr.task.backend.program(c)
     if program is None:
         return str(c)
-    parts = []
-    for s in program:
-        if s["op"].startswith(("T.", "Layers.")) or (s["op"] == "lib1" and s["args"][0] == "reshape"):
-            continue
-        kind = "fused_mlp" if s["op"] == "fused_mlp" else f"{s['op'][:-1]}:{s['args'][0]}" + \
-            (f"[{s['args'][1]}]" if s["args"][1] else "")
-        parts.append(kind)
-    return " > ".join(parts)
+    return " > ".join(step_name(s) for s in running_steps(program)) or "(constants only)"
 
 
 def _pruned(stages) -> str:

@@ -8,12 +8,15 @@ candidate again a few submissions later, and settles the faster of the two
 ``extra["recheck"]``. Only timings of a real clock are checked: an outcome
 whose runner recorded the machine's load (``extra["other_load"]``, see
 ``planforge.measure.load``); a table or a recording answers the same twice.
+A slow time taken while the measuring CPUs were quiet (others' share under
+``QUIET``) is trusted as it is: on a quiet machine a slow plan is slow.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from ..measure.load import QUIET
 from ..outcome import Outcome
 from ..space import Candidate
 
@@ -54,8 +57,11 @@ class Rechecks:
         return len(self.held) + len(self.out)
 
     def suspect(self, o: Outcome, best: float | None) -> bool:
-        return (o.ok and best is not None and "other_load" in o.extra and "recheck" not in o.extra
-                and o.metric >= self.factor * best)
+        """A clock's time ``factor`` x ``best`` or slower, taken while others used the CPUs (or at unknown load)."""
+        if not o.ok or best is None or "other_load" not in o.extra or "recheck" in o.extra:
+            return False
+        load = o.extra["other_load"]
+        return o.metric >= self.factor * best and (load is None or load >= QUIET)
 
     def due(self, slots: int, now: bool) -> list[Candidate]:
         """Suspects to measure again on up to ``slots`` free slots: those whose turn has come, or all

@@ -157,7 +157,9 @@ class DeviceProfile:
     used while this profile was measured (the aggregate /proc/stat counters
     less this process's own CPU time); None where unknown (not Linux, or a
     profile stored before it was recorded). Above ``BUSY_LOAD`` the figures
-    may be low (``measured_busy``).
+    may be low (``measured_busy``). ``busy_figures``: the figures another
+    process took a CPU from in every run (e.g. "L2 read on 2 threads"), which
+    may be low whatever ``other_load`` says; the report marks them.
     """
 
     fingerprint: str
@@ -184,6 +186,7 @@ class DeviceProfile:
     probe_seconds: float
     quick: bool
     other_load: float | None = None
+    busy_figures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     version: int = PROBE_VERSION
     isa_view: str = "native"
@@ -239,7 +242,8 @@ class DeviceProfile:
         except (TypeError, KeyError, ValueError, AttributeError) as e:
             raise ProfileError(f"malformed caches, bandwidth or peak table: {e}") from None
         return cls(**{**d, "caches": caches, **rates, "peak_flops_1t_by_bits": by_bits,
-                      "isa": [str(x) for x in d["isa"]], "notes": [str(x) for x in d["notes"]]})
+                      "isa": [str(x) for x in d["isa"]], "notes": [str(x) for x in d["notes"]],
+                      "busy_figures": [str(x) for x in d["busy_figures"]]})
 
     @classmethod
     def from_json(cls, text: str) -> "DeviceProfile":
@@ -260,10 +264,10 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "bandwidth": ((dict,), False), "bandwidth_1t": ((dict,), False), "call_overhead_s": (_NUM, False),
     "compiler": ((str,), False), "openmp": ((bool,), False), "measured_at": ((str,), False),
     "probe_seconds": (_NUM, False), "quick": ((bool,), False), "notes": ((list,), False), "version": ((int,), False),
-    "other_load": (_NUM, True), "isa_view": ((str,), False),
+    "other_load": (_NUM, True), "isa_view": ((str,), False), "busy_figures": ((list,), False),
 }
 # Fields added within a probe version, with the value a profile stored without them gets.
-_ADDED_FIELDS: dict[str, Any] = {"other_load": None, "isa_view": "native"}
+_ADDED_FIELDS: dict[str, Any] = {"other_load": None, "isa_view": "native", "busy_figures": []}
 
 
 # ---------------------------------------------------------------- hardware facts
@@ -1056,7 +1060,8 @@ def measure(hw: Hardware | None = None, quick: bool = False,
         compiler=compiler()[1], openmp=openmp,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         probe_seconds=round(time.perf_counter() - t_start, 3), quick=quick,
-        other_load=None if load is None else round(load, 3), notes=notes, isa_view=hw.isa_view)
+        other_load=None if load is None else round(load, 3), busy_figures=contended, notes=notes,
+        isa_view=hw.isa_view)
 
 
 # ---------------------------------------------------------------- cache
