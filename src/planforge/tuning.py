@@ -68,6 +68,8 @@ def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
     }
     if acc.peak_bytes is not None:
         d["peak_bytes"] = acc.peak_bytes
+    if t.record is not None:  # a quantised task: the format, its measured error, the tiles and the budget
+        d["quant"] = t.record(acc.candidate)
     if tr.funnel:
         d["funnel"] = tr.funnel
         d["funnel_pruned"] = pruned_fraction(tr.funnel)  # of the valid space, never measured

@@ -19,9 +19,13 @@ class Manifest:
     shapes: dict[str, Any] = field(default_factory=dict)
     dtypes: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    accuracy: dict[str, Any] | None = None  # the stated accuracy budget (planforge.quant.Budgets); None: default
 
     def to_json(self) -> dict[str, Any]:
-        return {"workload": self.workload, "shapes": self.shapes, "dtypes": self.dtypes, "options": self.options}
+        d = {"workload": self.workload, "shapes": self.shapes, "dtypes": self.dtypes, "options": self.options}
+        if self.accuracy is not None:  # absent by default, so that an unquantised workload keeps its key
+            d["accuracy"] = self.accuracy
+        return d
 
     @property
     def key(self) -> str:
@@ -42,6 +46,8 @@ class Task:
         peak_bytes: a plan's peak memory, for the report and memory checks.
         seeds: candidates the strategy proposes first (default none).
         info: facts about the task's space for the summary and the spec.
+        record: ``f(accepted candidate) -> dict``: what the spec records of the plan beyond its knobs (a
+            quantised task's format, measured error, tiles and budget); default None.
     """
 
     key: str
@@ -53,6 +59,7 @@ class Task:
     peak_bytes: Callable[[Candidate], int] | None = None
     seeds: Sequence[Candidate] = ()        # candidates a strategy should try first (e.g. extracted plans)
     info: dict[str, Any] = field(default_factory=dict)  # facts for the summary and spec (e-graph size...)
+    record: Callable[[Candidate], dict[str, Any]] | None = None
 
 
 @dataclass

@@ -33,6 +33,19 @@ def prepared(p: Problem, seed: int):
     return _prepared[key]
 
 
+def checked_against(p: Problem, seed: int, tmpl, knobs: dict, inputs: dict, ref, tol):
+    """The reference and tolerance a kernel candidate is checked against: of the inputs it really computes
+    with (a quantised candidate's dequantised weights: its accuracy is the finalist walk's to judge), cached."""
+    eff = tmpl.reference_inputs(p, knobs, inputs) if tmpl.reference_inputs is not None else None
+    if eff is None:
+        return ref, tol
+    key = (p.key, seed, eff[0])
+    if key not in _prepared:
+        real = eff[1]()
+        _prepared[key] = (real, reference(p, real), tolerance(p, real))
+    return _prepared[key][1:]
+
+
 def guarded_output(shape) -> tuple[np.ndarray, np.ndarray]:
     n = int(np.prod(shape))
     raw = np.full(n + 2 * GUARD, SENTINEL, dtype=np.float32)
@@ -59,7 +72,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         lib = _libs.get(job["lib"])
         if lib is None:
             lib = _libs[job["lib"]] = ctypes.CDLL(job["lib"])
-        fn = template(job["template"]).bind(lib, p, job["knobs"], inputs, out)
+        tmpl = template(job["template"])
+        ref, tol = checked_against(p, job.get("seed", 0), tmpl, job["knobs"], inputs, ref, tol)
+        fn = tmpl.bind(lib, p, job["knobs"], inputs, out)
     else:
         fn = LIBRARIES[job["impl"]](p, inputs, out)
     fn()

@@ -190,6 +190,28 @@ class CpuTarget:
     def knob_space(self, problem) -> Space:
         return templates.knob_space(problem, self.limits())
 
+    def weight_formats(self, problem) -> tuple[str, ...]:
+        """The weight formats the template of ``problem`` reads (``planforge.quant.FORMATS``; fp32 alone for most)."""
+        return templates.TEMPLATES[problem.op].formats
+
+    def quant_space(self, problem, formats: Sequence[str], blocks: Sequence[int] | None = None) -> Space:
+        """The knob space of ``problem`` with the weight format as a gene, among ``formats`` (and int4's block
+        sizes among ``blocks``, default all)."""
+        return templates.quant_space(problem, self.limits(), tuple(formats), None if blocks is None else tuple(blocks))
+
+    def format_errors(self, problem, formats: Sequence[str], blocks: Sequence[int], seed: int,
+                      metric) -> dict[tuple[str, int], float]:
+        """Each format's error on ``problem`` before any kernel runs (``qcheck.format_errors``)."""
+        from .qcheck import format_errors
+
+        return format_errors(problem, templates.TEMPLATES[problem.op], tuple(formats), tuple(blocks), seed, metric)
+
+    def validation_output(self, problem, knobs: dict[str, Any], seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """The kernel of ``knobs`` run on ``problem``'s inputs of ``seed``, and the fp64 reference (``qcheck``)."""
+        from .qcheck import validation_output
+
+        return validation_output(problem, templates.TEMPLATES[problem.op], knobs, seed)
+
     def default_knobs(self, problem) -> dict[str, Any]:
         return templates.default_knobs(problem, self.limits())
 

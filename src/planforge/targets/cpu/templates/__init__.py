@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ....ops.kernel import MlpProblem, Problem, ProblemError, problem_from_json
 from ....space import Space
-from . import gemm, gemv, mlp, rowwise
+from . import gemm, gemv, mlp, qgemv, rowwise
 from .problem import LIBRARIES, OPS, available_libraries, check, flops, make_inputs, min_bytes, output_shape, \
     reference, tolerance
 
@@ -49,6 +49,10 @@ class Template:
     defaults: Callable[[Any, Limits], dict[str, Any]] | None = None  # None: each knob's first value
     registry: str = "planforge.targets.cpu.templates"  # module whose TEMPLATES holds it (workers look it up there)
     openmp_threads: bool = True  # threads > 1 means OpenMP (-fopenmp); False: the template runs its own threads
+    # (key, make) where make() gives the inputs a candidate really computes with, to check it against (quantised
+    # weights dequantised), the key naming them for caching; None: the inputs themselves
+    reference_inputs: Callable[[Any, dict, dict], "tuple[str, Callable[[], dict]] | None"] | None = None
+    formats: tuple[str, ...] = ("fp32",)  # weight formats its candidates may read (``planforge.quant``)
 
     def openmp(self, knobs: dict) -> bool:
         return self.openmp_threads and knobs.get("threads", 1) > 1
@@ -90,8 +94,11 @@ TEMPLATES: dict[str, Template] = {
         "gemv",
         space=lambda p, lim: gemv.space(*p.dims, lim),
         defaults=_gemv_defaults,
-        source=lambda p, k: gemv.source(k, p.epilogue),
-        bind=lambda lib, p, k, i, out: gemv.bind(lib, k, i["x"], i["W"], i.get("bias"), out),
+        source=lambda p, k: (qgemv.source if qgemv.quantised(k) else gemv.source)(k, p.epilogue),
+        bind=lambda lib, p, k, i, out: (qgemv.bind if qgemv.quantised(k) else gemv.bind)(
+            lib, k, i["x"], i["W"], i.get("bias"), out),
+        reference_inputs=lambda p, k, i: qgemv.reference_inputs(k, i, "W"),
+        formats=qgemv.FORMATS,
     ),
     "mlp": Template(
         "mlp",
@@ -131,6 +138,18 @@ def knob_space(problem, lim: Limits) -> Space:
     return TEMPLATES[problem.op].space(problem, lim)
 
 
+def quant_space(problem, lim: Limits, formats: tuple[str, ...], blocks: tuple[int, ...] | None = None) -> Space:
+    """The knob space of a problem with the weight format as a gene (``formats``: those the accuracy budget
+    allows, which its template must read; ``blocks``: int4's block sizes, default all); ``ProblemError`` when
+    its template reads fp32 weights only."""
+    t = TEMPLATES[problem.op]
+    extra = [f for f in formats if f not in t.formats]
+    if extra:
+        raise ProblemError(f"the {problem.op} template reads {', '.join(t.formats)} weights, not {', '.join(extra)}")
+    space = t.space(problem, lim)
+    return qgemv.with_formats(space, tuple(formats), blocks) if set(formats) - {"fp32"} else space
+
+
 def default_knobs(problem, lim: Limits) -> dict[str, Any]:
     """The setting a careful engineer would try first (the search starts here, measurements decide)."""
     t = TEMPLATES[problem.op]
@@ -141,4 +160,4 @@ def default_knobs(problem, lim: Limits) -> dict[str, Any]:
 
 __all__ = ["LIBRARIES", "Limits", "MlpProblem", "OPS", "Problem", "ProblemError", "TEMPLATES", "Template",
            "available_libraries", "check", "default_knobs", "flops", "knob_space", "limits", "make_inputs",
-           "min_bytes", "output_shape", "problem_from_json", "reference", "tolerance"]
+           "min_bytes", "output_shape", "problem_from_json", "quant_space", "reference", "tolerance"]

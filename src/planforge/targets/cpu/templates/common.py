@@ -10,7 +10,9 @@ FMA instructions; ``V == 1`` is the plain scalar fallback for any ISA.
 """
 from __future__ import annotations
 
+import ctypes
 from functools import lru_cache
+from typing import Any, Callable
 
 from ....ops import REGISTRY
 from ....ops.kernel import gemm_epilogues
@@ -119,3 +121,16 @@ def _epilogue_c() -> str:
 def header() -> str:
     """The C prelude every template includes: vector types, exp/GELU, scratch, and the generated epilogues."""
     return _HEADER + "\n" + _epilogue_c()
+
+
+def struct_call(fn, args: ctypes.Structure, keep: Any = ()) -> Callable[[], None]:
+    """``fn(&args)`` as a no-argument call; ``keep`` holds the arrays the struct points into alive as long as it."""
+    fn.argtypes = [ctypes.c_void_p]
+    fn.restype = None
+    ptr = ctypes.addressof(args)
+    keep = (keep, args)
+
+    def run(fn=fn, ptr=ptr, keep=keep):
+        fn(ptr)
+
+    return run

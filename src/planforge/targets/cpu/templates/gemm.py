@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ....space import Space, categorical, pow2
-from .common import epi_code, header
+from .common import epi_code, header, struct_call
 from .epilogues import apply_chain, chain_flops, dense_tolerance, numpy_dense, torch_dense
 from .facts import Facts
 
@@ -232,16 +232,7 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], A, B, bias, C):
     N = B.shape[1]
     args = GemmArgs(A.ctypes.data, B.ctypes.data, bias.ctypes.data if bias is not None else None, C.ctypes.data,
                     M, N, K, knobs["mc"], knobs["kc"], knobs["nc"], knobs["threads"], 0 if knobs["par"] == "n" else 1)
-    fn = lib.pf_gemm
-    fn.argtypes = [ctypes.c_void_p]
-    fn.restype = None
-    ptr = ctypes.addressof(args)
-    keep = (A, B, bias, C, args)
-
-    def run(fn=fn, ptr=ptr, keep=keep):
-        fn(ptr)
-
-    return run
+    return struct_call(lib.pf_gemm, args, (A, B, bias, C))
 
 
 # -- the gemm problem: C = act(A @ B + bias), A [M, K], B [K, N] ------------------------------------------------------

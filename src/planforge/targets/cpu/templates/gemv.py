@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ....space import Space, categorical
-from .common import epi_code, header
+from .common import epi_code, header, struct_call
 from .epilogues import apply_chain, chain_flops, dense_tolerance, numpy_dense, torch_dense
 from .facts import Facts
 
@@ -133,16 +133,7 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, W, bias, y):
     Wk = pack_weights(W, knobs)
     args = GemvArgs(x.ctypes.data, Wk.ctypes.data, bias.ctypes.data if bias is not None else None, y.ctypes.data,
                     N, K, knobs["threads"])
-    fn = lib.pf_gemv
-    fn.argtypes = [ctypes.c_void_p]
-    fn.restype = None
-    ptr = ctypes.addressof(args)
-    keep = (x, W, Wk, bias, y, args)
-
-    def run(fn=fn, ptr=ptr, keep=keep):
-        fn(ptr)
-
-    return run
+    return struct_call(lib.pf_gemv, args, (x, W, Wk, bias, y))
 
 
 # -- the gemv problem: y = act(x @ W + bias), x [K], W [K, N] ---------------------------------------------------------

@@ -1,0 +1,99 @@
+"""Quantised weights in the panel layout the kernels stream, made once at load time and cached.
+
+A panel is ``width`` consecutive output columns (a GEMV block of ``jb`` vectors);
+the columns are padded up to whole panels with zero weights, so a kernel never
+needs a scalar tail for the weights. Per panel, the K rows follow each other:
+``[panel][k][width]`` values (bf16 bits, int8), or for int4 ``[panel][k / 2][width]``
+bytes holding row ``2t`` in the low nibble and row ``2t + 1`` in the high one
+(K padded to whole blocks). Scales: int8 ``[panels * width]``; int4
+``[panel][block][width]``.
+
+Quantising and packing 16 M weights takes a good fraction of a second, and a
+search binds the same weights to many candidates: ``packed`` keeps the last few
+results, keyed by the weights' content (a digest, not the array's identity, so
+weights changed in place are packed anew) and the layout.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .formats import QWeights, quantise
+
+CACHE_ENTRIES = 8
+
+
+@dataclass(frozen=True)
+class Packed:
+    """What a quantised kernel reads: ``w`` (the packed values), ``scales`` (fp32, or None) and the padded sizes."""
+
+    fmt: str
+    w: np.ndarray
+    scales: np.ndarray | None
+    width: int
+    panels: int
+    k_padded: int
+    block: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.w.nbytes + (self.scales.nbytes if self.scales is not None else 0))
+
+
+def pack(qw: QWeights, width: int) -> Packed:
+    """``qw`` in panels of ``width`` columns."""
+    K, N = qw.shape
+    panels = -(-N // width)
+    Np = panels * width
+    if qw.fmt == "int4":
+        Kp = -(-K // qw.block) * qw.block
+        q = np.zeros((Kp, Np), np.int8)
+        q[:K, :N] = qw.q
+        nib = (q & 0x0F).astype(np.uint8)
+        pairs = nib[0::2] | (nib[1::2] << 4)  # [Kp / 2, Np]
+        w = pairs.reshape(Kp // 2, panels, width).transpose(1, 0, 2)
+        s = np.zeros((Kp // qw.block, Np), np.float32)
+        s[:, :N] = qw.scales
+        scales = s.reshape(Kp // qw.block, panels, width).transpose(1, 0, 2)
+        return Packed("int4", np.ascontiguousarray(w), np.ascontiguousarray(scales), width, panels, Kp, qw.block)
+    q = np.zeros((K, Np), qw.q.dtype)
+    q[:, :N] = qw.q
+    w = np.ascontiguousarray(q.reshape(K, panels, width).transpose(1, 0, 2))
+    scales = None
+    if qw.scales is not None:
+        scales = np.zeros(Np, np.float32)
+        scales[:N] = qw.scales
+    return Packed(qw.fmt, w, scales, width, panels, K)
+
+
+_CACHE: "OrderedDict[tuple, Packed]" = OrderedDict()
+
+
+def digest(W: np.ndarray) -> str:
+    W = np.ascontiguousarray(W)
+    return hashlib.blake2b(W.view(np.uint8).ravel(), digest_size=16).hexdigest() + f":{W.dtype}:{W.shape}"
+
+
+def packed(W: np.ndarray, fmt: str, width: int, block: int | None = None) -> Packed:
+    """``W`` [K, N] quantised to ``fmt`` and packed in panels of ``width`` columns, from the cache when these
+    weights were packed this way before (in this process)."""
+    key = (digest(W), fmt, width, block if fmt == "int4" else None)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit
+    out = pack(quantise(W, fmt, block), width)
+    _CACHE[key] = out
+    while len(_CACHE) > CACHE_ENTRIES:
+        _CACHE.popitem(last=False)
+    return out
+
+
+def cache_info() -> dict[str, int]:
+    return {"entries": len(_CACHE), "bytes": sum(p.nbytes for p in _CACHE.values())}
+
+
+__all__ = ["CACHE_ENTRIES", "Packed", "cache_info", "digest", "pack", "packed"]

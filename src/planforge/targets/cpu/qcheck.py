@@ -1,0 +1,43 @@
+"""A tuned kernel's output on validation inputs, beside the fp64 reference of the unquantised problem.
+
+The finalist walk judges a quantised plan's accuracy by what its compiled kernel
+really computes, not by a model of it: the candidate's library (from the build
+cache: it was built when it was measured) runs here, in the driver, on inputs
+drawn with a seed other than the search's, and the error is taken against the
+fp64 answer with the original fp32 weights.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from .build import build
+from .templates import Template, make_inputs, output_shape, reference
+
+
+def validation_output(problem, template: Template, knobs: dict, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(out, ref)``: ``template`` with ``knobs`` run once on ``problem``'s inputs of ``seed``, and the fp64
+    reference on the same inputs."""
+    inputs = make_inputs(problem, seed)
+    lib = ctypes.CDLL(str(build(template.source(problem, knobs), template.openmp(knobs)).path))
+    out = np.zeros(output_shape(problem), np.float32)
+    template.bind(lib, problem, knobs, inputs, out)()
+    return out, reference(problem, inputs)
+
+
+def format_errors(problem, template: Template, formats, blocks, seed: int, metric) -> dict[tuple[str, int], float]:
+    """Per (format, int4 block) the error ``metric(out, ref)`` of ``problem`` computed in fp64 with the weights
+    of that format, on the inputs of ``seed``: what the format costs before any kernel runs (a kernel adds only
+    fp32 rounding), so that the search never spends measurements on a format the budget cannot accept."""
+    inputs = make_inputs(problem, seed)
+    ref = reference(problem, inputs)
+    out = {}
+    for fmt in formats:
+        for block in (blocks if fmt == "int4" else blocks[:1]):
+            eff = template.reference_inputs(problem, {"wfmt": fmt, "qblock": block}, inputs)
+            out[(fmt, block)] = float(metric(reference(problem, eff[1]()) if eff else ref, ref))
+    return out
+
+
+__all__ = ["format_errors", "validation_output"]

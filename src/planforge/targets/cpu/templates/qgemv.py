@@ -1,0 +1,213 @@
+"""GEMV with quantised weights: y = act(x @ deq(W) + bias), x fp32 [K], W in bf16, int8 or int4.
+
+The weights come packed in panels of ``jb * vec`` columns (``planforge.quant.pack``),
+padded to whole panels, so each block of columns streams one contiguous region
+and no column needs a scalar tail. Each weight is widened to fp32 in registers
+and multiplied in fp32 (weight-only quantisation: x is never rounded):
+
+- bf16: the 16 bits shifted into the top of an fp32;
+- int8: sign-extended and converted; the channel's scale multiplies the finished sum once;
+- int4: two rows per byte, each nibble sign-extended by a shift pair; the sum of
+  each block of ``qblock`` rows is scaled before it joins the channel's total.
+
+The widening is vpmovsxbd/vpmovzxwd then vcvtdq2ps, named as intrinsics for the
+vector widths that have them (AVX-512 at 16 lanes, AVX2 at 8, SSE4.1 at 4) and
+plain C elsewhere; ``vec`` 1 is scalar C.
+
+Knobs (beside the fp32 GEMV's vec, jb, ksplit, unroll, threads): ``wfmt`` and
+``qblock`` (int4's block size along K).
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from ....quant import FORMATS, INT4_BLOCKS, Packed, dequantise, packed, quantise
+from ....space import Space, categorical
+from .common import epi_code, header, struct_call
+
+
+class QGemvArgs(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p), ("N", ctypes.c_int), ("K", ctypes.c_int),
+                ("threads", ctypes.c_int)]
+
+
+_ELEM = {"bf16": "uint16_t", "int8": "int8_t", "int4": "uint8_t"}
+
+# widening loads: a vector (or one value when V == 1) of fp32 weights from the packed store
+_LOADS = r"""
+#if V > 1
+typedef uint32_t vu32 __attribute__((vector_size(V * 4)));
+/* widen V int8 (sign) or uint16 (zero) to int32 lanes: GCC 12 scalarises __builtin_convertvector from
+   narrow lanes, so the x86 widening moves are named where the vector width has them */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#if V == 16 && defined(__AVX512F__)
+static inline vi widen_s8(const void *p) { return (vi)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline vi widen_u16(const void *p) { return (vi)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)); }
+#elif V == 8 && defined(__AVX2__)
+static inline vi widen_s8(const void *p) { return (vi)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline vi widen_u16(const void *p) { return (vi)_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)); }
+#elif V == 4 && defined(__SSE4_1__)
+static inline vi widen_s8(const void *p) { int32_t u; memcpy(&u, p, 4); return (vi)_mm_cvtepi8_epi32(_mm_cvtsi32_si128(u)); }
+static inline vi widen_u16(const void *p) { return (vi)_mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+#else
+static inline vi widen_s8(const void *p) { vi t; for (int i = 0; i < V; i++) t[i] = ((const int8_t *)p)[i]; return t; }
+static inline vi widen_u16(const void *p) { vi t; for (int i = 0; i < V; i++) t[i] = ((const uint16_t *)p)[i]; return t; }
+#endif
+static inline vf w_bf16(const uint16_t *p) { return (vf)(widen_u16(p) << 16); }
+static inline vf w_int8(const int8_t *p) { return __builtin_convertvector(widen_s8(p), vf); }
+static inline void w_int4(const uint8_t *p, vf *lo, vf *hi) {
+    vi t = widen_s8(p);
+    *lo = __builtin_convertvector((t << 28) >> 28, vf);
+    *hi = __builtin_convertvector(t >> 4, vf);
+}
+#else
+static inline vf w_bf16(const uint16_t *p) { uint32_t u = (uint32_t)*p << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline vf w_int8(const int8_t *p) { return (float)*p; }
+static inline void w_int4(const uint8_t *p, vf *lo, vf *hi) {
+    int t = (int8_t)*p;
+    *lo = (float)((int32_t)((uint32_t)t << 28) >> 28);
+    *hi = (float)(t >> 4);
+}
+#endif
+"""
+
+
+def _acc_decl(ks: int, jb: int, name: str) -> str:
+    return "\n".join("    " + " ".join(f"vf {name}{s}_{v} = vset(0.0f);" for v in range(jb)) for s in range(ks))
+
+
+def _dense_loop(fmt: str, ks: int, jb: int, unroll: int) -> list[str]:
+    """bf16 / int8: rows k of the panel ``wp`` ([K][JBV]) into accumulators a{s}_{v}."""
+    load = "w_bf16" if fmt == "bf16" else "w_int8"
+    step = lambda kk, s: f"{{ vf xv = vset(x[{kk}]); " + " ".join(  # noqa: E731
+        f"a{s}_{v} = xv * {load}(wp + (long)({kk}) * JBV + {v} * V) + a{s}_{v};" for v in range(jb)) + " }"
+    return [_acc_decl(ks, jb, "a"), "    int k = 0;", f"    #pragma GCC unroll {unroll}",
+            f"    for (; k + {ks} <= K; k += {ks}) {{",
+            *(f"        {step(f'k + {s}', s)}" for s in range(ks)),
+            "    }", f"    for (; k < K; k++) {step('k', 0)}"]
+
+
+def _int4_loop(ks: int, jb: int, unroll: int) -> list[str]:
+    """int4: per block of QB rows, pairs of rows (one byte each column) into b{s}_{v}, then scaled into a0_{v}."""
+    def pair(t, s):
+        return (f"{{ vf xl = vset(x[{t}]), xh = vset(x[{t} + 1]); " + " ".join(
+            f"{{ vf lo, hi; w_int4(wp + (long)(({t}) >> 1) * JBV + {v} * V, &lo, &hi); "
+            f"b{s}_{v} = xl * lo + b{s}_{v}; b{s}_{v} = xh * hi + b{s}_{v}; }}" for v in range(jb)) + " }")
+    odd = ("{ vf xl = vset(x[t]); " + " ".join(
+        f"{{ vf lo, hi; w_int4(wp + (long)(t >> 1) * JBV + {v} * V, &lo, &hi); (void)hi; "
+        f"b0_{v} = xl * lo + b0_{v}; }}" for v in range(jb)) + " }")
+    L = [_acc_decl(1, jb, "a"), "    const float *sb = sp;",
+         "    for (int kb = 0; kb < K; kb += QB, sb += JBV) {",
+         "        const int kend = kb + QB < K ? kb + QB : K;",
+         _acc_decl(ks, jb, "    b"), "        int t = kb;",
+         f"        #pragma GCC unroll {unroll}",
+         f"        for (; t + {2 * ks} <= kend; t += {2 * ks}) {{",
+         *(f"            {pair(f't + {2 * s}', s)}" for s in range(ks)),
+         "        }",
+         f"        for (; t + 2 <= kend; t += 2) {pair('t', 0)}",
+         f"        if (t < kend) {odd}"]
+    for v in range(jb):
+        tot = " + ".join(f"b{s}_{v}" for s in range(ks))
+        L.append(f"        a0_{v} = ({tot}) * vload(sb + {v} * V) + a0_{v};")
+    L.append("    }")
+    return L
+
+
+def block_source(knobs: dict[str, Any]) -> str:
+    """``qblock(x, wp, sp, bias, y, N, K, j0, epi)``: the ``jb * V`` columns of one panel from ``j0``."""
+    fmt, jb, ks, unroll = knobs["wfmt"], knobs["jb"], knobs["ksplit"], knobs["unroll"]
+    elem = _ELEM[fmt]
+    L = [f"static inline void qblock(const float *restrict x, const {elem} *restrict wp, const float *restrict sp,"
+         " const float *restrict bias, float *restrict y, int N, int K, int j0, int epi) {", "    (void)sp;"]
+    if fmt == "int4":
+        L += _int4_loop(ks, jb, unroll)
+        sums = {v: f"a0_{v}" for v in range(jb)}
+    else:
+        L += _dense_loop(fmt, ks, jb, unroll)
+        sums = {v: " + ".join(f"a{s}_{v}" for s in range(ks)) for v in range(jb)}
+        if fmt == "int8":  # one scale per channel, applied to the finished sum
+            sums = {v: f"({t}) * vload(sp + j0 + {v} * V)" for v, t in sums.items()}
+    # the last panel may be partly padding: its results go through a buffer, only the real columns out
+    L += ["    float yb[JBV], bb[JBV];",
+          "    const int full = j0 + JBV <= N;",
+          "    float *yo = full ? y + j0 : yb;",
+          "    const float *bo = bias && full ? bias + j0 : bb;",
+          "    if (!full) for (int i = 0; i < JBV; i++) bb[i] = bias && j0 + i < N ? bias[j0 + i] : 0.0f;"]
+    for v in range(jb):
+        L.append(f"    {{ vf t = {sums[v]}; vf b = epi ? vload(bo + {v} * V) : vset(0.0f);"
+                 f" vstore(yo + {v} * V, vepi(t, b, epi)); }}")
+    L += ["    if (!full) for (int i = 0; j0 + i < N; i++) y[j0 + i] = yb[i];", "}"]
+    return "\n".join(L)
+
+
+def source(knobs: dict[str, Any], epilogue: str) -> str:
+    fmt = knobs["wfmt"]
+    elem = _ELEM[fmt]
+    per_panel = "((long)K * JBV)" if fmt != "int4" else "((long)((K + QB - 1) / QB) * QB / 2 * JBV)"
+    scales = "g->scales + (long)b * ((K + QB - 1) / QB) * JBV" if fmt == "int4" else "g->scales"
+    head = (f"#define V {knobs['vec']}\n#define JB {knobs['jb']}\n#define JBV (JB * V)\n"
+            f"#define EPI {epi_code(epilogue)}\n#define QB {int(knobs.get('qblock', 32))}")
+    return "\n".join([head, header(), _LOADS, block_source(knobs), r"""
+typedef struct { const float *x; const void *w; const float *scales, *bias; float *y; int N, K, threads; } qgemv_args;
+
+void pf_qgemv(const qgemv_args *g) {
+    const int N = g->N, K = g->K, npanel = (N + JBV - 1) / JBV;
+    const """ + elem + r""" *w = (const """ + elem + r""" *)g->w;
+#ifdef _OPENMP
+    #pragma omp parallel for schedule(static) num_threads(g->threads) if (g->threads > 1)
+#endif
+    for (int b = 0; b < npanel; b++)
+        qblock(g->x, w + (long)b * """ + per_panel + ", " + scales + r""", g->bias, g->y, N, K, b * JBV, EPI);
+}
+"""])
+
+
+def pack_for(W: np.ndarray, knobs: dict[str, Any]) -> Packed:
+    """``W`` quantised and packed for these knobs (cached: every candidate of one format and panel shares it)."""
+    return packed(W, knobs["wfmt"], knobs["jb"] * knobs["vec"], knobs.get("qblock"))
+
+
+def quantised(knobs: dict[str, Any]) -> bool:
+    """Whether a GEMV candidate reads its weights in a format other than fp32 (no ``wfmt`` knob: fp32)."""
+    return knobs.get("wfmt", "fp32") != "fp32"
+
+
+def with_formats(space: Space, formats: tuple[str, ...] = FORMATS, blocks: tuple[int, ...] | None = None) -> Space:
+    """``space`` (the fp32 GEMV's) with the weight format as a gene beside its tile knobs: ``wfmt`` among
+    ``formats``, and ``qblock`` (int4's block along K) among ``blocks`` (default all). A quantised plan is always
+    packed in panels, and only int4 has a block size, so the restrictions keep one point per distinct kernel."""
+    blocks = tuple(blocks or INT4_BLOCKS)
+    bad = [f for f in formats if f not in FORMATS] + [b for b in blocks if b not in INT4_BLOCKS]
+    if bad or not formats:
+        raise ValueError(f"weight formats {formats!r}, blocks {blocks!r}: choose among {', '.join(FORMATS)} and "
+                         f"{', '.join(map(str, INT4_BLOCKS))}")
+    return Space([*space.knobs, categorical("wfmt", tuple(formats)), categorical("qblock", blocks)],
+                 [*space.restrictions, "wfmt == 'fp32' or w_layout == 'packed'",
+                  f"wfmt == 'int4' or qblock == {blocks[0]}"], constants=space.constants)
+
+
+def reference_inputs(knobs: dict[str, Any], inputs: dict[str, np.ndarray], weight: str = "W"):
+    """``(key, inputs())``: the inputs with the weights a candidate of these knobs really multiplies by
+    (dequantised), made when called, to check the kernel against; None for fp32. The key names the format, so
+    that a caller can cache them."""
+    if not quantised(knobs):
+        return None
+    fmt, block = knobs["wfmt"], knobs.get("qblock") if knobs["wfmt"] == "int4" else None
+    return f"{fmt}:{block}", lambda: {**inputs, weight: dequantise(quantise(inputs[weight], fmt, block), np.float32)}
+
+
+def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, W, bias, y):
+    K, N = W.shape
+    pk = pack_for(W, knobs)
+    args = QGemvArgs(x.ctypes.data, pk.w.ctypes.data, pk.scales.ctypes.data if pk.scales is not None else None,
+                     bias.ctypes.data if bias is not None else None, y.ctypes.data, N, K, knobs["threads"])
+    return struct_call(lib.pf_qgemv, args, (x, W, pk, bias, y))
+
+
+__all__ = ["QGemvArgs", "bind", "block_source", "pack_for", "quantised", "reference_inputs", "source", "with_formats"]

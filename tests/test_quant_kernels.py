@@ -1,0 +1,122 @@
+"""Quantised GEMV kernels against their references, the weight format as a gene, and a quantised spec end to end."""
+import copy
+import ctypes
+import random
+
+import numpy as np
+import pytest
+
+from planforge.quant import INT4_BLOCKS
+from planforge.spec import load_spec
+from planforge.spec.diff import diff_specs
+from planforge.search import Budget
+from planforge.targets.cpu.build import build
+from planforge.targets.cpu.templates import TEMPLATES, check, make_inputs, output_shape, quant_space, reference, \
+    tolerance
+from planforge.targets.cpu.templates.problem import Problem
+from planforge.tuning import tune
+from planforge.workloads import WorkloadError, load_workload
+
+GEMV = TEMPLATES["gemv"]
+
+
+def _run(p, knobs, inputs):
+    lib = ctypes.CDLL(str(build(GEMV.source(p, knobs), GEMV.openmp(knobs)).path))
+    out = np.full(output_shape(p), np.nan, np.float32)
+    GEMV.bind(lib, p, knobs, inputs, out)()
+    return out
+
+
+def _sampled(space, fmt, n, seed=0):
+    """``n`` distinct valid settings of ``space`` in format ``fmt`` (a seeded sample: vec, jb, ksplit, threads vary)."""
+    rng, seen, out = random.Random(seed), set(), []
+    for _ in range(2000):
+        c = space.sample(rng)
+        if c["wfmt"] == fmt and c.fingerprint not in seen:
+            seen.add(c.fingerprint)
+            out.append(c.as_dict())
+        if len(out) == n:
+            break
+    return out
+
+
+# N not a multiple of any panel width, K odd and not a multiple of any int4 block
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("dims,epilogue", [((45, 203), "bias_relu"), ((7, 65), "none"), ((130, 33), "bias_gelu")])
+def test_every_sampled_setting_matches_its_reference(lim, fmt, dims, epilogue):
+    p = Problem("gemv", dims, epilogue)
+    space = quant_space(p, lim, ("fp32", fmt))
+    inputs = make_inputs(p, 1)
+    for knobs in _sampled(space, fmt, 3):
+        real = GEMV.reference_inputs(p, knobs, inputs)[1]()
+        out = _run(p, knobs, inputs)
+        assert check(p, real, out, reference(p, real), tolerance(p, real)) is None, knobs
+        # and against the unquantised fp64 answer it is off by the format's error, no more
+        err = np.abs(out - reference(p, inputs)).max() / np.abs(reference(p, inputs)).max()
+        assert err < {"bf16": 0.02, "int8": 0.05, "int4": 0.5}[fmt]
+
+
+@pytest.mark.parametrize("block", INT4_BLOCKS)
+def test_int4_block_sizes_on_a_k_that_is_no_multiple(lim, block):
+    p = Problem("gemv", (19, block + 5), "bias")
+    inputs = make_inputs(p, 2)
+    knobs = {"vec": min(8, lim.vector_lanes), "jb": 2, "ksplit": 2, "unroll": 2, "threads": 1,
+             "w_layout": "packed", "wfmt": "int4", "qblock": block}
+    real = GEMV.reference_inputs(p, knobs, inputs)[1]()
+    assert check(p, real, _run(p, knobs, inputs), reference(p, real)) is None
+
+
+def test_a_wrong_dequantisation_is_caught(lim):
+    """The check can fail: the int8 kernel's output against the bf16 weights' reference is off."""
+    p = Problem("gemv", (40, 64), "none")
+    inputs = make_inputs(p, 0)
+    knobs = {"vec": min(8, lim.vector_lanes), "jb": 1, "ksplit": 1, "unroll": 1, "threads": 1,
+             "w_layout": "packed", "wfmt": "int8", "qblock": 32}
+    other = GEMV.reference_inputs(p, {**knobs, "wfmt": "int4"}, inputs)[1]()
+    assert "wrong result" in check(p, other, _run(p, knobs, inputs), reference(p, other))
+
+
+def test_default_budget_leaves_the_space_and_manifest_as_they_were():
+    w = load_workload("gemv", {"shape": "45,70"})
+    t = w.tasks[0]
+    assert "wfmt" not in t.space.names and not t.validators and t.record is None
+    assert "accuracy" not in w.manifest.to_json()
+    # stated, the format is a gene and the manifest (its key too) carries the budget
+    q = load_workload("gemv", {"shape": "45,70", "accuracy": "max_rel_err:0.05"})
+    assert {"wfmt", "qblock"} <= set(q.tasks[0].space.names) and q.tasks[0].validators
+    assert q.manifest.to_json()["accuracy"] == {"metric": "max_rel_err", "bound": 0.05}
+    assert q.manifest.key != w.manifest.key
+
+
+def test_formats_over_budget_are_not_searched():
+    w = load_workload("gemv", {"shape": "45,70", "accuracy": "max_rel_err:0.003"})
+    wfmt = next(k for k in w.tasks[0].space.knobs if k.name == "wfmt")
+    assert "fp32" in wfmt.values and "int4" not in wfmt.values  # int4's error is far above 0.3%
+    w2 = load_workload("gemv", {"shape": "45,70", "accuracy": "max_rel_err:0.003;gemv_45x70_bias_relu=none"})
+    wfmt2 = next((k for k in w2.tasks[0].space.knobs if k.name == "wfmt"), None)
+    assert wfmt2 is None or wfmt2.values == ("fp32",)  # the task's own override allows no quantisation
+
+
+def test_bad_budget_is_a_workload_error():
+    with pytest.raises(WorkloadError, match="option accuracy='rmse:1'.*unknown accuracy metric"):
+        load_workload("gemv", {"shape": "45,70", "accuracy": "rmse:1"})
+    with pytest.raises(WorkloadError, match="reads fp32 weights only"):
+        load_workload("gemm", {"shape": "8,45,70", "accuracy": "max_rel_err:0.05"})
+
+
+def test_quantised_spec_validates_and_diff_shows_the_format(tmp_path):
+    w = load_workload("gemv", {"shape": "96,64", "accuracy": "max_rel_err:0.05"})
+    r = tune(w, strategy="random", budget=Budget(evals=4), seed=0, out=tmp_path / "a")
+    spec = load_spec(r.spec_path)  # validates against the schema
+    t = next(iter(spec["tasks"].values()))
+    q = t["quant"]
+    assert q["format"] == t["plan"]["wfmt"] and q["budget"] == {"metric": "max_rel_err", "bound": 0.05}
+    assert 0 <= q["error"]["value"] <= 0.05 and "wfmt" not in q["tiles"] and q["tiles"]["vec"] == t["plan"]["vec"]
+    assert set(q["screen"]["errors"]) >= {"fp32", "bf16", "int8", "int4:32"}
+    assert spec["manifest"]["accuracy"]["bound"] == 0.05
+    other = copy.deepcopy(spec)
+    key = next(iter(spec["tasks"]))
+    new = "int4" if q["format"] != "int4" else "bf16"
+    other["tasks"][key]["plan"]["wfmt"] = other["tasks"][key]["quant"]["format"] = new
+    paths = {c.path for c in diff_specs(spec, other)}
+    assert {f"tasks.{key}.plan.wfmt", f"tasks.{key}.quant.format"} <= paths
