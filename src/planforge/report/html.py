@@ -1,35 +1,46 @@
-"""The HTML report: one self-contained file (plots as embedded PNG, inline CSS, nothing fetched).
+"""The HTML report: one self-contained file (plots as inline SVG, inline CSS, no scripts, nothing fetched).
 
-``write_report(folder)`` reads ``folder/run.json`` (written by every tune with
-an output folder) and writes ``folder/report.html``.
+``write_report(folder)`` reads ``folder/run.json`` (written by every tune with an output folder) and writes
+``folder/report.html``. It opens with the summary box (``report/verdict.py``): the answer first.
 """
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from . import plots
 from .run import load_run
-from .summary import LOW_SPEARMAN, fmt_time
+from .summary import LOW_SPEARMAN, fmt_bytes, fmt_si, fmt_time
+from .verdict import BUSY, summarize
 
 REPORT_FILE = "report.html"
 TOP_K = 4
 
 
+def _natural_key(s: str) -> list:
+    """``k_T9_2`` before ``k_T10_0``: numbers inside names compare as numbers."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
+
+
+def _natural(names) -> list[str]:
+    return sorted(names, key=_natural_key)
+
+
 def _knobs(plan: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in plan.items())
+    return ", ".join(f"{k}={plan[k]}" for k in _natural(plan))
 
 
 def _num(v: Any) -> str:
-    """Counts with separators up to a trillion, then scientific; floats to 3 significant digits."""
+    """Counts as "8.1 M", floats to 3 significant digits."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
-    if isinstance(v, int):
-        if abs(v) < 10**12:
-            return f"{v:,}"
-        return f"{v:.3g}" if abs(v) < 10**300 else f"~1e{len(str(abs(v))) - 1}"
-    return f"{v:.3g}"
+    return fmt_si(v)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
 
 
 def render(run: dict[str, Any]) -> str:
@@ -44,13 +55,18 @@ def render(run: dict[str, Any]) -> str:
     for key, t in run["tasks"].items():
         profile = (targets.get(key) or {}).get("profile")
         k = max(len(t["ranked"]), 1) if t["ranked"] else TOP_K
-        f = {"curve": plots.curve(t), "funnel": plots.funnel(t), "proxy": plots.proxy(t, k) if t["proxy"] else None,
-             "roofline": plots.roofline(t, profile), "topk": plots.proxy_topk(t, k) if t["proxy"] else []}
-        for kind in ("curve", "funnel", "proxy", "roofline"):
+        f: dict[str, Any] = {"curve": plots.curve(t), "funnel": plots.funnel(t), "roofline": plots.roofline(t, profile),
+                             "proxy": plots.proxy(t, k) if t["proxy"] else None,
+                             "importance": plots.importance(t), "parallel": plots.parallel(t),
+                             "topk": plots.proxy_topk(t, k) if t["proxy"] else [],
+                             "proxy_stats": plots.proxy_stats(t, k) if t["proxy"] else None}
+        for kind in ("curve", "funnel", "proxy", "roofline", "importance", "parallel"):
             f[f"{kind}_why"] = plots.why_not(kind, t, profile)
         figs[key] = f
     tmpl = env.get_template("report.html.j2")
-    return tmpl.render(run=run, plots=figs, ft=fmt_time, knobs=_knobs, num=_num, low_spearman=LOW_SPEARMAN,
+    return tmpl.render(run=run, plots=figs, box=summarize(run), breakdown=plots.breakdown(run.get("end_to_end")),
+                       ft=fmt_time, fb=fmt_bytes, knobs=_knobs, natural=_natural, num=_num, pct=_pct,
+                       low_spearman=LOW_SPEARMAN, busy=BUSY,
                        target=lambda key: targets.get(key) or {"fingerprint": "?"},
                        rejected=lambda t: {r["rank"]: r["reasons"] for r in t["rejected"]})
 

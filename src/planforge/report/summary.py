@@ -42,6 +42,30 @@ def fmt_size(n: int | float) -> str:
         return f"{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
 
 
+def fmt_bytes(n: float | None) -> str:
+    """``855,296`` -> "835 KiB"; binary units, three significant digits."""
+    if n is None or not math.isfinite(n):
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_si(n: float | int | None) -> str:
+    """A count as a reader says it: 532, "8.1 M", "39.8 M", "3.1 G"; past 10^15 as "3.1 x 10^76"."""
+    if n is None:
+        return "-"
+    if abs(n) < 10_000:
+        return f"{n:,}" if isinstance(n, int) else f"{n:.3g}"
+    if abs(n) < 10**15:
+        for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+            if abs(n) >= scale:
+                return f"{n / scale:.3g} {unit}"
+    digits = len(str(abs(int(n)))) - 1
+    return f"{int(n) / 10 ** digits:.2g} x 10^{digits}" if digits < 300 else f"{str(abs(int(n)))[0]} x 10^{digits}"
+
+
 def sparkline(values: list[float]) -> str:
     if not values:
         return ""
