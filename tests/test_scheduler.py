@@ -75,10 +75,12 @@ def test_gradient_favours_the_task_whose_curve_still_improves():
 
 def test_gradient_weighs_end_to_end_share():
     # the same curve c / n, one task running 10x as often: the sum of w c / n over the tasks is least when
-    # n goes as sqrt(w) (where the marginal gains w c / n^2 meet), about 38 : 12 of 50
+    # n goes as sqrt(w) (where the marginal gains w c / n^2 meet), about 152 : 48 of 200 (a curve that
+    # falls at every evaluation is all slope: the hope's spacing takes over from best / n after k + 1
+    # evaluations, which at a small budget shifts the split a little towards the light task)
     heavy = Synthetic("heavy", 10, lambda n: 1.0 / n)
     light = Synthetic("light", 1, lambda n: 1.0 / n)
-    schedule([light, heavy], Gradient(), total=50, warmup=2)
+    schedule([light, heavy], Gradient(), total=200, warmup=2)
     assert 2.5 * light.state.evals < heavy.state.evals < 4 * light.state.evals
 
 
@@ -237,3 +239,20 @@ def test_cli_scheduler_option(cli, tmp_path):
     assert r.returncode != 0 and "unknown scheduler 'fair'" in r.stderr + r.stdout and "Traceback" not in r.stderr
     r = cli("tune", "-w", "drill", "--budget", "5", "--strategy", "random", "--scheduler", "round-robin",
             "--out", tmp_path, "--quiet", check=True)
+
+
+def test_the_hope_is_the_expected_saving_of_one_more_exchangeable_plan():
+    # the same best, evaluations and weight; the second task's nine best plans lie ten times further apart
+    def state(metrics):
+        s = TaskState("t", 2.0, evals=len(metrics), metrics=list(metrics))
+        s.curve = [(1, min(metrics))]  # its best came first: the slope is 0, the gain is all hope
+        return s
+    tight = state([1.0 + 0.001 * i for i in range(12)])
+    wide = state([1.0 + 0.01 * i for i in range(12)])
+    g = Gradient(alpha=0.2, k=8)
+    # hope = (9th best - best) / k / n, times weight and (1 - alpha)
+    assert g.gain(tight) == pytest.approx(2.0 * 0.8 * 0.008 / 8 / 12)
+    assert g.gain(wide) == pytest.approx(10 * g.gain(tight))
+    # fewer than k + 1 valid measurements: the optimistic best / n
+    few = state([1.0, 1.5, 2.0])
+    assert g.gain(few) == pytest.approx(2.0 * 0.8 * 1.0 / 3)
