@@ -85,6 +85,11 @@ def test_a_partitioned_model_tunes_per_task_records_the_decisions_and_loads_as_o
 def test_the_report_draws_a_space_larger_than_a_float_holds():
     from planforge.report import plots
 
-    png = plots.funnel({"funnel": [{"stage": "space", "count": 7 * 10**400}, {"stage": "measured", "count": 64}]})
-    assert png and len(png) > 100
-    assert plots.fmt_size(7 * 10**400) == "7.00e+400" and plots.fmt_size(1234) == "1,234"
+    from planforge.report.summary import fmt_size
+
+    stages = [{"stage": "space", "count": 7 * 10**400}, {"stage": "capacity", "count": 10**6},
+              {"stage": "measured", "count": 64}]
+    svg = plots.funnel({"funnel": stages})  # drawn: it has a model stage
+    assert svg and "7 x 10^400" in svg
+    assert "7 x 10^400" in plots.why_not("funnel", {"funnel": [stages[0], stages[-1]]}, None)  # one line instead
+    assert fmt_size(7 * 10**400) == "7.00e+400" and fmt_size(1234) == "1,234"

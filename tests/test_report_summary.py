@@ -48,7 +48,7 @@ def synthetic_run(busy_probe=True):
         "evaluations": 12, "duplicates": 20, "search_seconds": 3.0, "counts": {"measured": 11, "timeout": 1},
         "curve": [], "space": {"size": 7 * 10**75, "knobs": 2}, "trials": trials, "ranked": ranked,
         "remeasured": True, "accepted_rank": 2, "rejected": [{"rank": 1, "reasons": ["fp16 accumulation over K=256"]}],
-        "error": None, "baselines": {"numpy": {"latency_s": 47.25 * US, "spread": 0.02, "repeats": 120},
+        "error": None, "baselines": {"numpy": {"latency_s": 47.25 * US, "spread": 0.02, "repeats": 120, "other_load": 0.35},
                                      "torch": {"latency_s": 60 * US, "spread": 0.03, "repeats": 120}},
         "best_library": ["numpy", 47.25 * US], "ratio_vs_library": 10.5 / 47.25, "fallback": None,
         "selected_latency_s": 10.5 * US, "saved_s": 1e-6,
@@ -87,6 +87,7 @@ def test_summary_box_answers_first_and_warns_about_a_busy_machine():
     w = "\n".join(s["warnings"])
     assert "probed while other processes used 43%" in w and "L3 read on 2 threads" in w  # busy probe
     assert "spread 15%" in w  # the chosen plan's spread is above 10%
+    assert "re-measured while other processes used up to 35%" in w
     assert "Rank 4 (fused_mlp) measured 8.99 us during the search and 7.99 ms re-measured (889x)" in w
     assert "Rank 1" not in w  # 8.57 -> 10.67 us is within 2x
     assert "1 results at least 10x slower" in w and "9.1 ms, then 9.4 us" in w  # the outlier, measured twice
@@ -103,6 +104,7 @@ def test_a_quiet_run_has_no_load_warnings():
     for x in t["trials"]:
         x["recheck"] = None
     t["ranked"] = t["ranked"][:3]
+    t["baselines"]["numpy"]["other_load"] = 0.05
     assert summarize(run)["tasks"]["t"]["warnings"] == []
     for x in t["trials"][:6]:
         x["other_load"] = 0.6

@@ -266,27 +266,29 @@ def load_run(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def print_run_summary(run: dict[str, Any], console=None) -> None:
-    """A short terminal summary of run data (what ``planforge report`` prints next to the HTML)."""
+    """A short terminal summary of run data (what ``planforge report`` prints next to the HTML): the summary
+    box's answers and warnings, printed literally (plan labels hold square brackets)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    from .summary import fmt_count, fmt_time
+    from .verdict import summarize
 
     con = console or Console()
-    con.print(f"[bold]{run['workload']}[/] ({run['description']}); run {run['run_id']}, {run['created']}"
-              + ("" if run["ok"] else " [red](failed)[/]"), highlight=False)
+    con.print(Text(f"{run['workload']} ({run['description']}); run {run['run_id']}, {run['created']}"
+                   + ("" if run["ok"] else " (failed)"), style="bold"))
+    box = summarize(run)
     table = Table()
-    for col in ("task", "plan", "latency", "best library", "ratio", "fallback", "search"):
+    for col in ("task", "plan", "latency", "against libraries", "search"):
         table.add_column(col)
-    for key, t in run["tasks"].items():
-        acc = t.get("accepted")
-        lib = t.get("best_library")
-        table.add_row(key, acc["label"] if acc else f"none: {t['error']}", fmt_time(acc["latency_s"]) if acc else "-",
-                      f"{lib[0]} {fmt_time(lib[1])}" if lib else "-",
-                      f"{t['ratio_vs_library']:.3f}" if t.get("ratio_vs_library") is not None else "-",
-                      t["fallback"]["to"] if t.get("fallback") else "none",
-                      f"{t['strategy'].get('name')}, {t['evaluations']} evals; stopped: {t['stop_reason']}")
+    for key, s in box["tasks"].items():
+        cv = s["convergence"]
+        table.add_row(Text(key), Text(s["plan"]), Text(s.get("latency", "-")), Text(s.get("speed", "-")),
+                      Text(("converged: " if cv["converged"] else "not converged: ") + cv["text"]))
     con.print(table)
-    be = run.get("break_even_runs")
-    con.print(f"break-even: search took {run['search_seconds']:.3g} s, saves {fmt_time(run['saved_s_per_run'])} per "
-              f"run: pays back after {fmt_count(be if be is not None else math.inf)} runs", highlight=False)
+    for key, s in box["tasks"].items():
+        for w in s["warnings"]:
+            con.print(Text(f"warning ({key}): {w}", style="yellow"))
+    if box["end_to_end"]:
+        con.print(Text(f"end to end: {box['end_to_end']['latency']}: {box['end_to_end']['speed']}"))
+    con.print(Text(f"break-even: {box['break_even']}"))

@@ -135,7 +135,7 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(r.counts.items()))
         con.print(f"  outcomes: {counts or 'none'}")
         if tr.funnel:
-            con.print("  funnel: " + " -> ".join(f"{s['stage']} {s['count']:,}" for s in tr.funnel)
+            con.print("  funnel: " + " -> ".join(f"{s['stage']} {fmt_si(s['count'])}" for s in tr.funnel)
                       + _pruned(tr.funnel))
         curve = best_so_far(tr)
         if curve:
@@ -176,7 +176,10 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
                              for n, o in sorted(tr.baselines.items()))
             con.print(f"  libraries (same inputs, re-measured interleaved with the finalists): {libs}")
             if tr.ratio_vs_library is not None:
-                con.print(f"  tuned / best library = {tr.ratio_vs_library:.3f}")
+                name, lib = tr.best_library
+                r = 1 / tr.ratio_vs_library
+                con.print(f"  tuned / best library = {tr.ratio_vs_library:.3f}: "
+                          + (f"{r:.1f}x faster than {name}" if r >= 1 else f"{1 / r:.1f}x slower than {name}"))
             if tr.fallback:
                 con.print(f"  [yellow]fallback to {tr.fallback['to']}[/]: {tr.fallback['reason']}")
         if tr.bound:
@@ -229,10 +232,7 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
         con.print("  planning phases: " + ", ".join(f"{k.removesuffix('_s')} {v:.3g} s" for k, v in w.phases.items()),
                   highlight=False)
     if res.ok:
-        first = sum((t.result.first_measured.outcome.metric if t.result.first_measured else 0) * t.task.weight
-                    for t in res.tasks)
-        con.print(f"\nbreak-even: search took {res.seconds:.3g} s and saves {fmt_time(res.saved_s)} per run over the "
-                  f"first plan measured ({fmt_time(first)}): pays back after {fmt_count(res.break_even)} runs")
+        con.print(f"\nbreak-even: {library_break_even(res)}", highlight=False)
     if res.spec_path:
         con.print(f"spec: [bold]{res.spec_path}[/]   records: {res.records_path}")
     if len(res.by_target) > 1:
@@ -246,6 +246,24 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
                       f"{trs[0].result.evaluations} evaluations; spec {spec or 'not written'}", highlight=False)
     if res.report_path:
         con.print(f"report: [bold]{res.report_path}[/] (plots, funnel, roofline, finalist walk; open in a browser)")
+
+
+def library_break_even(res: TuneResult) -> str:
+    """The search's cost against what the plan saves per run over the fastest library (what a user would
+    otherwise run): end to end for a workload of several tasks."""
+    e2e = res.end_to_end
+    if e2e is not None:
+        saved, against = e2e.library_median_s - e2e.median_s, e2e.library
+    elif all(tr.best_library and tr.walk for tr in res.tasks):
+        saved = sum((tr.best_library[1] - tr.walk.accepted.metric) * tr.task.weight for tr in res.tasks)
+        against = ", ".join(sorted({tr.best_library[0] for tr in res.tasks}))
+    else:  # nothing to compare with (a table): against the first plan the search measured
+        return (f"no library was measured; against the first plan measured, search took {res.seconds:.3g} s and "
+                f"saves {fmt_time(res.saved_s)} per run: pays back after {fmt_count(res.break_even)} runs")
+    if saved <= 0:
+        return f"never: {against} is at least as fast, so the plan falls back to it"
+    return (f"search took {res.seconds:.3g} s and saves {fmt_time(saved)} per run over {against}: pays back after "
+            f"{fmt_si(math.ceil(res.seconds / saved))} runs")
 
 
 def summary_json(res: TuneResult) -> dict[str, Any]:

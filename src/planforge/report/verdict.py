@@ -97,6 +97,12 @@ def _load_warnings(t: dict[str, Any], profile: dict[str, Any] | None) -> list[st
         out.append(f"{len(busy)} of {len(loads)} measurements ran while other processes used more than "
                    f"{100 * BUSY:.0f}% of the measuring CPUs (up to {100 * max(busy):.0f}%): their times may be "
                    "inflated.")
+    again = [r.get("other_load") for r in t["ranked"]] + [b.get("other_load") for b in t["baselines"].values()]
+    again = [v for v in again if v is not None]
+    if again and max(again) > BUSY:
+        out.append(f"The finalists and libraries were re-measured while other processes used up to "
+                   f"{100 * max(again):.0f}% of the measuring CPUs: the comparison is fair (interleaved), the "
+                   "absolute times may be inflated.")
     return out
 
 
@@ -180,8 +186,11 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         saved = sum(s.get("saved_vs_library_s") or 0.0 for s in tasks.values()) if all(
             "saved_vs_library_s" in s for s in tasks.values()) else None
     secs = run["search_seconds"]
-    if saved is None:
-        out["break_even"] = "no library was measured to compare with"
+    if saved is None:  # nothing to compare with (a table): against the first plan the search measured
+        be = run.get("break_even_runs")
+        out["break_even"] = (f"no library was measured; against the first plan measured, the search took {secs:.3g} s "
+                             f"and saves {fmt_time(run.get('saved_s_per_run'))} per run: "
+                             + (f"it pays back after {fmt_si(math.ceil(be))} runs" if be else "it never pays back"))
     elif saved <= 0:
         out["break_even"] = "never: the fastest library is at least as fast, so the plan falls back to it"
     else:

@@ -23,6 +23,7 @@ from ...measure import AdaptiveTimeout, TimingConfig, Worker
 from ...measure.timing import timed
 from ...outcome import Outcome
 from ...measure.isolated import LOG_LIMIT, measure_isolated
+from ...measure.pooled import Pooled
 from ...space import Candidate
 from .plan import Plan
 
@@ -208,7 +209,7 @@ class GraphBackend:
     def remeasure(self, candidates: Sequence[Candidate], libraries: Sequence[str] | None = None,
                   rounds: int = 3) -> tuple[list[Outcome], dict[str, Outcome]]:
         """Plans and the numpy baseline again, interleaved round by round; raw times of all rounds pooled."""
-        times: dict[str, list[float]] = {}
+        times = Pooled()  # every round's raw times and the highest load any round saw
         failed: dict[str, Outcome] = {}
         keys = [c.fingerprint for c in candidates] + ["numpy"]
         for _ in range(rounds):
@@ -218,16 +219,16 @@ class GraphBackend:
                 b = self._built.get(c.fingerprint) or self._build([c])[0]
                 o = b if isinstance(b, Outcome) else self._run(self._job("plan", *b))
                 if o.ok:
-                    times.setdefault(c.fingerprint, []).extend(o.times)
+                    times.add(c.fingerprint, o)
                 else:
                     failed[c.fingerprint] = o
             if "numpy" not in failed:
                 o = self._run(self._job("numpy"))
                 if o.ok:
-                    times.setdefault("numpy", []).extend(o.times)
+                    times.add("numpy", o)
                 else:
                     failed["numpy"] = o
-        res = {k: failed.get(k) or Outcome.measured(times[k]) for k in keys}
+        res = {k: failed.get(k) or times.outcome(k) for k in keys}
         return [res[c.fingerprint] for c in candidates], {"numpy": res["numpy"]}
 
     def program(self, candidate: Candidate) -> list[dict]:

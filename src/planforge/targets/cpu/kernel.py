@@ -19,6 +19,7 @@ from .job import run_job
 from ...measure import AdaptiveTimeout, TimingConfig, Worker
 from ...outcome import Outcome
 from ...measure.isolated import LOG_LIMIT, measure_isolated
+from ...measure.pooled import Pooled
 from ...space import Candidate
 
 
@@ -113,7 +114,7 @@ class CpuBackend:
         that a slow phase of a noisy machine hits them all alike. Raw times of
         all rounds are pooled."""
         libs = list(libraries or available_libraries())
-        times: dict[str, list[float]] = {}
+        times = Pooled()  # every round's raw times and the highest load any round saw
         failed: dict[str, Outcome] = {}
         names = [c.fingerprint for c in candidates] + libs
         for _ in range(rounds):
@@ -129,7 +130,7 @@ class CpuBackend:
                     lib = b
                 o = self.measure_built(c, lib)
                 if o.ok:
-                    times.setdefault(c.fingerprint, []).extend(o.times)
+                    times.add(c.fingerprint, o)
                 else:
                     failed[c.fingerprint] = o
             for lib in libs:
@@ -137,10 +138,10 @@ class CpuBackend:
                     continue
                 o = self._run(self._job(lib))
                 if o.ok:
-                    times.setdefault(lib, []).extend(o.times)
+                    times.add(lib, o)
                 else:
                     failed[lib] = o
-        res = {n: failed.get(n) or Outcome.measured(times[n]) for n in names}
+        res = {n: failed.get(n) or times.outcome(n) for n in names}
         return [res[c.fingerprint] for c in candidates], {lib: res[lib] for lib in libs}
 
     def program(self, candidate: Candidate) -> None:
