@@ -6,13 +6,13 @@ import random
 import numpy as np
 import pytest
 
-from planforge.quant import INT4_BLOCKS
+from planforge.quant import INT4_BLOCKS, variant_knobs
 from planforge.spec import load_spec
 from planforge.spec.diff import diff_specs
 from planforge.search import Budget
 from planforge.targets.cpu.build import build
-from planforge.targets.cpu.templates import TEMPLATES, check, make_inputs, output_shape, quant_space, reference, \
-    tolerance
+from planforge.targets.cpu.templates import TEMPLATES, check, make_inputs, output_shape, quant_space, \
+    quant_variants, reference, tolerance
 from planforge.targets.cpu.templates.problem import Problem
 from planforge.tuning import tune
 from planforge.workloads import WorkloadError, load_workload
@@ -30,9 +30,11 @@ def _run(p, knobs, inputs):
 def _sampled(space, fmt, n, seed=0):
     """``n`` distinct valid settings of ``space`` in format ``fmt`` (a seeded sample: vec, jb, ksplit, threads vary)."""
     rng, seen, out = random.Random(seed), set(), []
-    for _ in range(2000):
+    want = variant_knobs(fmt)
+    for _ in range(4000):
         c = space.sample(rng)
-        if c["wfmt"] == fmt and c.fingerprint not in seen:
+        d = c.as_dict()
+        if d["wfmt"] == want["wfmt"] and d.get("act", "fp32") == want["act"] and c.fingerprint not in seen:
             seen.add(c.fingerprint)
             out.append(c.as_dict())
         if len(out) == n:
@@ -41,11 +43,14 @@ def _sampled(space, fmt, n, seed=0):
 
 
 # N not a multiple of any panel width, K odd and not a multiple of any int4 block
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int8+a8", "int4"])
 @pytest.mark.parametrize("dims,epilogue", [((45, 203), "bias_relu"), ((7, 65), "none"), ((130, 33), "bias_gelu")])
 def test_every_sampled_setting_matches_its_reference(lim, fmt, dims, epilogue):
     p = Problem("gemv", dims, epilogue)
-    space = quant_space(p, lim, ("fp32", fmt))
+    if fmt == "int8+a8" and fmt not in quant_variants(p, lim):
+        pytest.skip(f"{fmt} needs a u8 x s8 dot product (VNNI), which this ISA view lacks")
+    names = ("fp32", fmt) if fmt != "int4" else ("fp32", *(f"int4:{b}" for b in INT4_BLOCKS))
+    space = quant_space(p, lim, names)
     inputs = make_inputs(p, 1)
     for knobs in _sampled(space, fmt, 3):
         real = GEMV.reference_inputs(p, knobs, inputs)[1]()
@@ -53,7 +58,7 @@ def test_every_sampled_setting_matches_its_reference(lim, fmt, dims, epilogue):
         assert check(p, real, out, reference(p, real), tolerance(p, real)) is None, knobs
         # and against the unquantised fp64 answer it is off by the format's error, no more
         err = np.abs(out - reference(p, inputs)).max() / np.abs(reference(p, inputs)).max()
-        assert err < {"bf16": 0.02, "int8": 0.05, "int4": 0.5}[fmt]
+        assert err < {"bf16": 0.02, "int8": 0.05, "int8+a8": 0.1, "int4": 0.5}[fmt]
 
 
 @pytest.mark.parametrize("block", INT4_BLOCKS)
@@ -120,3 +125,17 @@ def test_quantised_spec_validates_and_diff_shows_the_format(tmp_path):
     other["tasks"][key]["plan"]["wfmt"] = other["tasks"][key]["quant"]["format"] = new
     paths = {c.path for c in diff_specs(spec, other)}
     assert {f"tasks.{key}.plan.wfmt", f"tasks.{key}.quant.format"} <= paths
+
+
+def test_the_roofline_counts_each_formats_bytes():
+    w = load_workload("gemv", {"shape": "512,512", "epilogue": "none", "accuracy": "max_rel_err:0.5"})
+    t = w.tasks[0]
+    base = {"vec": 8, "jb": 2, "ksplit": 2, "unroll": 2, "w_layout": "packed", "threads": 1, "qblock": 32}
+    if "act" in t.space.names:
+        base["act"] = "fp32"
+    est = t.cost_model.estimate([t.space.make({**base, "wfmt": f}) for f in ("fp32", "bf16", "int8", "int4")])
+    moved = [sum(b for lvl, b in est.row(i)["bytes"].items() if lvl != "L1") for i in range(4)]
+    weights = 512 * 512
+    assert moved[0] - moved[1] == pytest.approx(2 * weights, rel=0.01)  # bf16: 2 bytes a weight fewer
+    assert moved[0] - moved[2] == pytest.approx(3 * weights - 4 * 512, rel=0.01)  # int8: 1 byte and a scale a channel
+    assert moved[3] < moved[2] and est.bound_s[3] <= est.bound_s[2] <= est.bound_s[1] <= est.bound_s[0]

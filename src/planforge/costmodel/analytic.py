@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..quant import bytes_per_weight
 from ..space import Candidate, Space
 from ..targets.target import LEVELS, Ceilings, Target
 from .columns import columns
@@ -356,13 +357,33 @@ def _gemm(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
                    reason=reason, extra=extra)
 
 
+# per weight format: vector instructions to widen one vector of weights, per FMA (bf16: a zero-extend and a
+# shift; int8: a sign-extend and a convert; int4: two values per sign-extend, a shift pair and two converts);
+# int8 weights with int8 activations: one dot-product instruction per 4 multiply-adds (VNNI), so -0.75
+WIDEN_OPS = {"fp32": 0.0, "bf16": 1.0, "int8": 1.0, "int4": 1.5, "int8+a8": -0.75}
+
+
+def _weight_format(k: Mapping[str, np.ndarray], n: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes per weight and widening instructions per FMA of each point (fp32 where there is no ``wfmt`` knob)."""
+    if "wfmt" not in k:
+        return np.full(n, float(F32)), np.zeros(n)
+    fmts, blocks = np.asarray(k["wfmt"], dtype=object), np.asarray(k["qblock"])
+    acts = np.asarray(k["act"], dtype=object) if "act" in k else np.full(n, "fp32", dtype=object)
+    wb = np.array([bytes_per_weight(f, K, int(b)) for f, b in zip(fmts, blocks)])
+    widen = np.array([WIDEN_OPS[f + ("+a8" if a == "int8" and f == "int8" else "")] for f, a in zip(fmts, acts)])
+    return wb, widen
+
+
 def _gemv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     c = m.ceil
     N, K = m.dims
     vec, jb, ks = (np.asarray(k[x], dtype=np.int64) for x in ("vec", "jb", "ksplit"))
     T = np.asarray(k["threads"], dtype=np.int64)
-    packed = _codes(k["w_layout"], "packed")
     n = len(vec)
+    # a quantised weight format (issue 17) streams fewer bytes per weight, always from packed panels, and
+    # widens each vector of weights before its FMA (a few more vector instructions per FMA)
+    wb, widen = _weight_format(k, n, K)
+    packed = _codes(k["w_layout"], "packed") | (wb < F32)
     jbv = jb * vec
     nblk = N // jbv
     tail = N - nblk * jbv
@@ -373,11 +394,11 @@ def _gemv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     rate_lb = c.rate_bound(vec)
     compute_lb = vec_flops / rate_lb
     ilp = np.minimum(1.0, jb * ks / FMA_CHAINS)
-    compute_pred = vec_flops / (c.rate_est(vec) * ilp)
-    foot = F32 * (N * K + K + 2 * N)
+    compute_pred = vec_flops * (1.0 + widen) / (c.rate_est(vec) * ilp)
+    foot = wb * N * K + F32 * (K + 2 * N)
     home = np.broadcast_to(c.home(foot, active), (n,)) if not m.cold else np.full(n, LEVELS.index("DRAM"))
     traffic: dict[str, np.ndarray] = {}
-    w_share = F32 * 1.0 * K * jbv * per
+    w_share = wb * K * jbv * per
     # row layout reads W a few floats per row at a stride of a whole row: past a page the
     # hardware prefetchers lose the stream, and the bytes arrive at the next level's pace
     strided = ~packed & (N * F32 >= PAGE_BYTES)

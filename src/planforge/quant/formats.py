@@ -33,6 +33,27 @@ def check_format(fmt: str, block: int | None = None) -> None:
         raise QuantError(f"int4 block size must be one of {', '.join(map(str, INT4_BLOCKS))}, got {block!r}")
 
 
+def variant(fmt: str, block: int | None = None, act: str = "fp32") -> str:
+    """The name of a quantised kernel variant: ``fp32``, ``bf16``, ``int8``, ``int8+a8`` (int8 weights and
+    dynamic int8 activations), ``int4:32``..."""
+    check_format(fmt, block)
+    return f"int4:{block}" if fmt == "int4" else fmt + ("+a8" if act == "int8" else "")
+
+
+def variant_knobs(name: str) -> dict:
+    """The knobs ``wfmt``, ``qblock`` and ``act`` of a variant name (``variant``'s inverse)."""
+    fmt, _, rest = name.partition(":")
+    base, plus, act = fmt.partition("+")
+    if (plus and (act != "a8" or base != "int8")) or (rest and base != "int4"):
+        raise QuantError(f"unknown quantised variant {name!r}; e.g. fp32, bf16, int8, int8+a8, int4:32")
+    try:
+        block = int(rest) if rest else INT4_BLOCKS[0]
+    except ValueError:
+        raise QuantError(f"unknown quantised variant {name!r}: the int4 block is not a number") from None
+    check_format(base, block)
+    return {"wfmt": base, "qblock": block, "act": "int8" if plus else "fp32"}
+
+
 def bytes_per_weight(fmt: str, k: int, block: int | None = None) -> float:
     """Bytes streamed per weight, scales included (``k``: the reduction length, which int8's scales are shared over)."""
     check_format(fmt, block)
@@ -124,6 +145,18 @@ def dequantise(qw: QWeights, dtype=np.float64) -> np.ndarray:
     return qw.q.astype(dtype) * rows
 
 
+def quantise_activations(x) -> tuple[np.ndarray, np.float32]:
+    """Dynamic symmetric int8 of an activation vector, as the kernels do it per call (in fp32, the same
+    operations in the same order, so that the values match bit for bit): ``(q, scale)`` with ``x ~ scale * q``."""
+    x = np.asarray(x, np.float32)
+    amax = np.float32(np.max(np.abs(x))) if x.size else np.float32(0)
+    if amax == 0:
+        return np.zeros(x.shape, np.int8), np.float32(1)
+    inv = np.float32(127) / amax
+    q = np.clip(np.rint(x * inv), -127, 127).astype(np.int8)
+    return q, amax / np.float32(127)
+
+
 def error_bound(W, qw: QWeights) -> np.ndarray:
     """Per-weight bound on ``|w - dequantise(q)|`` (round to nearest: half a step of the format)."""
     W = _weights(W).astype(np.float64)
@@ -138,4 +171,4 @@ def error_bound(W, qw: QWeights) -> np.ndarray:
 
 
 __all__ = ["FORMATS", "INT4_BLOCKS", "QWeights", "QuantError", "bytes_per_weight", "check_format", "dequantise",
-           "error_bound", "from_bf16", "quantise", "to_bf16"]
+           "error_bound", "from_bf16", "quantise", "quantise_activations", "to_bf16", "variant", "variant_knobs"]

@@ -37,15 +37,20 @@ class Packed:
     panels: int
     k_padded: int
     block: int | None = None
+    colsum: np.ndarray | None = None  # int8 in groups of 4: each channel's sum of values (int32)
 
     @property
     def nbytes(self) -> int:
         return int(self.w.nbytes + (self.scales.nbytes if self.scales is not None else 0))
 
 
-def pack(qw: QWeights, width: int) -> Packed:
-    """``qw`` in panels of ``width`` columns."""
+def pack(qw: QWeights, width: int, group: int = 1) -> Packed:
+    """``qw`` in panels of ``width`` columns; ``group`` 4 (int8 only): each column's 4 consecutive rows side by
+    side, ``[panel][k / 4][width][4]`` (K padded to a multiple of 4), for the u8 x s8 dot-product instructions,
+    with each channel's sum of values."""
     K, N = qw.shape
+    if group == 4:
+        return _pack_groups(qw, width)
     panels = -(-N // width)
     Np = panels * width
     if qw.fmt == "int4":
@@ -69,6 +74,20 @@ def pack(qw: QWeights, width: int) -> Packed:
     return Packed(qw.fmt, w, scales, width, panels, K)
 
 
+def _pack_groups(qw: QWeights, width: int) -> Packed:
+    K, N = qw.shape
+    if qw.fmt != "int8":
+        raise ValueError(f"groups of 4 rows are an int8 layout, not {qw.fmt}'s")
+    panels, Kp = -(-N // width), -(-K // 4) * 4
+    q = np.zeros((Kp, panels * width), np.int8)
+    q[:K, :N] = qw.q
+    w = q.reshape(Kp // 4, 4, panels, width).transpose(2, 0, 3, 1)  # [panel][k / 4][width][4]
+    scales = np.zeros(panels * width, np.float32)
+    scales[:N] = qw.scales
+    colsum = q.astype(np.int32).sum(axis=0, dtype=np.int32)
+    return Packed("int8", np.ascontiguousarray(w), scales, width, panels, Kp, None, np.ascontiguousarray(colsum))
+
+
 _CACHE: "OrderedDict[tuple, Packed]" = OrderedDict()
 
 
@@ -77,15 +96,15 @@ def digest(W: np.ndarray) -> str:
     return hashlib.blake2b(W.view(np.uint8).ravel(), digest_size=16).hexdigest() + f":{W.dtype}:{W.shape}"
 
 
-def packed(W: np.ndarray, fmt: str, width: int, block: int | None = None) -> Packed:
-    """``W`` [K, N] quantised to ``fmt`` and packed in panels of ``width`` columns, from the cache when these
-    weights were packed this way before (in this process)."""
-    key = (digest(W), fmt, width, block if fmt == "int4" else None)
+def packed(W: np.ndarray, fmt: str, width: int, block: int | None = None, group: int = 1) -> Packed:
+    """``W`` [K, N] quantised to ``fmt`` and packed in panels of ``width`` columns (``group``: see ``pack``),
+    from the cache when these weights were packed this way before (in this process)."""
+    key = (digest(W), fmt, width, block if fmt == "int4" else None, group)
     hit = _CACHE.get(key)
     if hit is not None:
         _CACHE.move_to_end(key)
         return hit
-    out = pack(quantise(W, fmt, block), width)
+    out = pack(quantise(W, fmt, block), width, group)
     _CACHE[key] = out
     while len(_CACHE) > CACHE_ENTRIES:
         _CACHE.popitem(last=False)

@@ -11,6 +11,7 @@ from ..space import Candidate
 
 FORMAT_KNOB = "wfmt"
 BLOCK_KNOB = "qblock"
+ACT_KNOB = "act"
 
 
 def format_of(c: Candidate) -> str:
@@ -42,20 +43,25 @@ class AccuracyBudget:
         fmt = format_of(c)
         if fmt == "fp32":
             return None
+        if c.as_dict().get(ACT_KNOB) == "int8" and fmt == "int8":
+            fmt = "int8 weights and activations"
+        else:
+            fmt += " weights"
         if not self.budget.allows_quantisation:
-            return (f"accuracy: {fmt} weights, but no accuracy budget was stated, and the default allows no "
+            return (f"accuracy: {fmt}, but no accuracy budget was stated, and the default allows no "
                     f"quantisation (state one, e.g. accuracy=max_rel_err:0.01)")
         why = self.budget.excess(self.error(c))
-        return f"accuracy: {fmt} weights: {why}" if why else None
+        return f"accuracy: {fmt}: {why}" if why else None
 
     def record(self, c: Candidate) -> dict[str, Any]:
         """What the spec records of the chosen plan: its format, its measured error, its tiles and the budget."""
         knobs = c.as_dict()
         fmt = knobs.get(FORMAT_KNOB, "fp32")
-        return {"format": fmt, "block": knobs.get(BLOCK_KNOB) if fmt == "int4" else None,
+        act = knobs.get(ACT_KNOB, "fp32") if fmt == "int8" else "fp32"
+        return {"format": fmt, "block": knobs.get(BLOCK_KNOB) if fmt == "int4" else None, "activations": act,
                 "error": {"metric": self.budget.metric, "value": self.error(c)},
-                "tiles": {k: v for k, v in knobs.items() if k not in (FORMAT_KNOB, BLOCK_KNOB)},
+                "tiles": {k: v for k, v in knobs.items() if k not in (FORMAT_KNOB, BLOCK_KNOB, ACT_KNOB)},
                 "budget": self.budget.to_json()}
 
 
-__all__ = ["AccuracyBudget", "BLOCK_KNOB", "FORMAT_KNOB", "format_of"]
+__all__ = ["ACT_KNOB", "AccuracyBudget", "BLOCK_KNOB", "FORMAT_KNOB", "format_of"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from ..costmodel.analytic import analytic_model
-from ..quant import INT4_BLOCKS, QuantError, QuantTarget, parse_budget
+from ..quant import QuantError, QuantTarget, parse_budget
 from ..targets import Target, get_target
 from ..validate import AccuracyBudget
 from .base import Manifest, Task, Workload, WorkloadError
@@ -49,7 +49,7 @@ def _quantised(problem, target, accuracy: str, key: str, seed: int):
     budget = budgets.of(key)
     if not budgets.stated:
         return None, target.knob_space(problem), None, {}
-    if not isinstance(target, QuantTarget) or len(target.weight_formats(problem)) < 2:
+    if not isinstance(target, QuantTarget) or len(target.quant_variants(problem)) < 2:
         raise WorkloadError(f"an accuracy budget was stated, but the {target.name} target's {problem.op} template "
                             f"reads fp32 weights only")
     # validation inputs: drawn with another seed than the search checks its candidates on
@@ -57,13 +57,11 @@ def _quantised(problem, target, accuracy: str, key: str, seed: int):
     check = AccuracyBudget(budget, lambda c: target.validation_output(problem, c.as_dict(), vseed))
     if not budget.allows_quantisation:
         return budgets, target.quant_space(problem, ("fp32",)), check, {}
-    errors = target.format_errors(problem, target.weight_formats(problem), INT4_BLOCKS, vseed, budget.measure)
-    kept = {fb: e for fb, e in errors.items() if fb[0] == "fp32" or budget.excess(e) is None}
-    formats = tuple(f for f in target.weight_formats(problem) if any(k[0] == f for k in kept))
-    blocks = tuple(b for f, b in kept if f == "int4") or INT4_BLOCKS[:1]
-    screen = {"metric": budget.metric, "errors": {f"{f}:{b}" if f == "int4" else f: e for (f, b), e in errors.items()},
-              "searched": [f"{f}:{b}" if f == "int4" else f for f, b in kept]}
-    return budgets, target.quant_space(problem, formats, blocks), check, screen
+    variants = target.quant_variants(problem)
+    errors = target.variant_errors(problem, variants, vseed, budget.measure)
+    kept = tuple(v for v in variants if v == "fp32" or budget.excess(errors[v]) is None)
+    screen = {"metric": budget.metric, "errors": errors, "searched": list(kept)}
+    return budgets, target.quant_space(problem, kept), check, screen
 
 
 def kernel_workload(problem, seed: int = 0, target: str | Target = "cpu", accuracy: str = "") -> Workload:

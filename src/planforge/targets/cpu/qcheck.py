@@ -12,6 +12,7 @@ import ctypes
 
 import numpy as np
 
+from ...quant import variant_knobs
 from .build import build
 from .templates import Template, make_inputs, output_shape, reference
 
@@ -26,18 +27,18 @@ def validation_output(problem, template: Template, knobs: dict, seed: int) -> tu
     return out, reference(problem, inputs)
 
 
-def format_errors(problem, template: Template, formats, blocks, seed: int, metric) -> dict[tuple[str, int], float]:
-    """Per (format, int4 block) the error ``metric(out, ref)`` of ``problem`` computed in fp64 with the weights
-    of that format, on the inputs of ``seed``: what the format costs before any kernel runs (a kernel adds only
-    fp32 rounding), so that the search never spends measurements on a format the budget cannot accept."""
+def variant_errors(problem, template: Template, variants, seed: int, metric) -> dict[str, float]:
+    """Per quantised variant (``planforge.quant.variant``) the error ``metric(out, ref)`` of ``problem``
+    computed in fp64 with that variant's weights (and activations), on the inputs of ``seed``: what the variant
+    costs before any kernel runs (a kernel adds only fp32 rounding), so that the search never spends
+    measurements on one the budget cannot accept."""
     inputs = make_inputs(problem, seed)
     ref = reference(problem, inputs)
     out = {}
-    for fmt in formats:
-        for block in (blocks if fmt == "int4" else blocks[:1]):
-            eff = template.reference_inputs(problem, {"wfmt": fmt, "qblock": block}, inputs)
-            out[(fmt, block)] = float(metric(reference(problem, eff[1]()) if eff else ref, ref))
+    for name in variants:
+        eff = template.reference_inputs(problem, variant_knobs(name), inputs)
+        out[name] = float(metric(reference(problem, eff[1]()) if eff else ref, ref))
     return out
 
 
-__all__ = ["format_errors", "validation_output"]
+__all__ = ["validation_output", "variant_errors"]

@@ -190,21 +190,20 @@ class CpuTarget:
     def knob_space(self, problem) -> Space:
         return templates.knob_space(problem, self.limits())
 
-    def weight_formats(self, problem) -> tuple[str, ...]:
-        """The weight formats the template of ``problem`` reads (``planforge.quant.FORMATS``; fp32 alone for most)."""
-        return templates.TEMPLATES[problem.op].formats
+    def quant_variants(self, problem) -> tuple[str, ...]:
+        """The quantised variants ``problem``'s template runs here (``planforge.quant.variant``: fp32, bf16, int8,
+        int8+a8 where there is VNNI, int4:32...; fp32 alone for most templates)."""
+        return templates.quant_variants(problem, self.limits())
 
-    def quant_space(self, problem, formats: Sequence[str], blocks: Sequence[int] | None = None) -> Space:
-        """The knob space of ``problem`` with the weight format as a gene, among ``formats`` (and int4's block
-        sizes among ``blocks``, default all)."""
-        return templates.quant_space(problem, self.limits(), tuple(formats), None if blocks is None else tuple(blocks))
+    def quant_space(self, problem, variants: Sequence[str]) -> Space:
+        """The knob space of ``problem`` with the weight format as a gene, among ``variants``."""
+        return templates.quant_space(problem, self.limits(), tuple(variants))
 
-    def format_errors(self, problem, formats: Sequence[str], blocks: Sequence[int], seed: int,
-                      metric) -> dict[tuple[str, int], float]:
-        """Each format's error on ``problem`` before any kernel runs (``qcheck.format_errors``)."""
-        from .qcheck import format_errors
+    def variant_errors(self, problem, variants: Sequence[str], seed: int, metric) -> dict[str, float]:
+        """Each variant's error on ``problem`` before any kernel runs (``qcheck.variant_errors``)."""
+        from .qcheck import variant_errors
 
-        return format_errors(problem, templates.TEMPLATES[problem.op], tuple(formats), tuple(blocks), seed, metric)
+        return variant_errors(problem, templates.TEMPLATES[problem.op], tuple(variants), seed, metric)
 
     def validation_output(self, problem, knobs: dict[str, Any], seed: int) -> tuple[np.ndarray, np.ndarray]:
         """The kernel of ``knobs`` run on ``problem``'s inputs of ``seed``, and the fp64 reference (``qcheck``)."""

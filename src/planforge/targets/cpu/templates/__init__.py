@@ -30,6 +30,7 @@ class Limits:
     vector_registers: int
     physical_cores: int
     caches: dict[str, int]
+    dot_i8_lanes: tuple[int, ...] = ()  # vector widths (int32 lanes) with a u8 x s8 dot-product instruction (VNNI)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ class Template:
     # (key, make) where make() gives the inputs a candidate really computes with, to check it against (quantised
     # weights dequantised), the key naming them for caching; None: the inputs themselves
     reference_inputs: Callable[[Any, dict, dict], "tuple[str, Callable[[], dict]] | None"] | None = None
-    formats: tuple[str, ...] = ("fp32",)  # weight formats its candidates may read (``planforge.quant``)
+    # the quantised variants its candidates may take on a machine (``planforge.quant.variant``); None: fp32 only
+    variants: Callable[[Limits], tuple[str, ...]] | None = None
 
     def openmp(self, knobs: dict) -> bool:
         return self.openmp_threads and knobs.get("threads", 1) > 1
@@ -98,7 +100,7 @@ TEMPLATES: dict[str, Template] = {
         bind=lambda lib, p, k, i, out: (qgemv.bind if qgemv.quantised(k) else gemv.bind)(
             lib, k, i["x"], i["W"], i.get("bias"), out),
         reference_inputs=lambda p, k, i: qgemv.reference_inputs(k, i, "W"),
-        formats=qgemv.FORMATS,
+        variants=qgemv.variants,
     ),
     "mlp": Template(
         "mlp",
@@ -130,7 +132,11 @@ def limits(profile) -> Limits:
     caches.setdefault("L1d", 32 * 1024)
     caches.setdefault("L2", max(caches["L1d"] * 8, 256 * 1024))
     caches.setdefault("L3", caches["L2"])
-    return Limits(profile.fingerprint, max(1, profile.vector_lanes_fp32), regs, max(1, profile.physical_cores), caches)
+    lanes = max(1, profile.vector_lanes_fp32)
+    # AVX-512 VNNI at 16 lanes (8 too, with VL), AVX-VNNI at 8: where the view of the ISA has them
+    dot = tuple(v for v, flags in ((16, ("avx512_vnni",)), (8, ("avx_vnni", "avx512_vnni")))
+                if v <= lanes and isa & set(flags) and (v == 8 or "avx512f" in isa))
+    return Limits(profile.fingerprint, lanes, regs, max(1, profile.physical_cores), caches, dot)
 
 
 def knob_space(problem, lim: Limits) -> Space:
@@ -138,16 +144,21 @@ def knob_space(problem, lim: Limits) -> Space:
     return TEMPLATES[problem.op].space(problem, lim)
 
 
-def quant_space(problem, lim: Limits, formats: tuple[str, ...], blocks: tuple[int, ...] | None = None) -> Space:
-    """The knob space of a problem with the weight format as a gene (``formats``: those the accuracy budget
-    allows, which its template must read; ``blocks``: int4's block sizes, default all); ``ProblemError`` when
-    its template reads fp32 weights only."""
+def quant_variants(problem, lim: Limits) -> tuple[str, ...]:
+    """The quantised variants (fp32, bf16, int8, int8+a8, int4:32...) the template of ``problem`` runs here."""
     t = TEMPLATES[problem.op]
-    extra = [f for f in formats if f not in t.formats]
+    return t.variants(lim) if t.variants is not None else ("fp32",)
+
+
+def quant_space(problem, lim: Limits, variants: tuple[str, ...]) -> Space:
+    """The knob space of a problem with the weight format as a gene among ``variants`` (those the accuracy budget
+    allows, which its template must run); ``ProblemError`` for a variant its template does not run."""
+    extra = [v for v in variants if v not in quant_variants(problem, lim)]
     if extra:
-        raise ProblemError(f"the {problem.op} template reads {', '.join(t.formats)} weights, not {', '.join(extra)}")
-    space = t.space(problem, lim)
-    return qgemv.with_formats(space, tuple(formats), blocks) if set(formats) - {"fp32"} else space
+        raise ProblemError(f"the {problem.op} template runs {', '.join(quant_variants(problem, lim))}, not "
+                           f"{', '.join(extra)}")
+    space = TEMPLATES[problem.op].space(problem, lim)
+    return qgemv.with_formats(space, tuple(variants), lim.dot_i8_lanes) if set(variants) - {"fp32"} else space
 
 
 def default_knobs(problem, lim: Limits) -> dict[str, Any]:
@@ -160,4 +171,4 @@ def default_knobs(problem, lim: Limits) -> dict[str, Any]:
 
 __all__ = ["LIBRARIES", "Limits", "MlpProblem", "OPS", "Problem", "ProblemError", "TEMPLATES", "Template",
            "available_libraries", "check", "default_knobs", "flops", "knob_space", "limits", "make_inputs",
-           "min_bytes", "output_shape", "problem_from_json", "quant_space", "reference", "tolerance"]
+           "min_bytes", "output_shape", "problem_from_json", "quant_space", "quant_variants", "reference", "tolerance"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ....quant import FORMATS, INT4_BLOCKS, Packed, dequantise, packed, quantise
+from ....quant import INT4_BLOCKS, Packed, dequantise, packed, quantise, quantise_activations, variant, variant_knobs
 from ....space import Space, categorical
 from .common import epi_code, header, struct_call
 
@@ -32,7 +32,7 @@ from .common import epi_code, header, struct_call
 class QGemvArgs(ctypes.Structure):
     _fields_ = [("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p),
                 ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p), ("N", ctypes.c_int), ("K", ctypes.c_int),
-                ("threads", ctypes.c_int)]
+                ("threads", ctypes.c_int), ("colsum", ctypes.c_void_p)]
 
 
 _ELEM = {"bf16": "uint16_t", "int8": "int8_t", "int4": "uint8_t"}
@@ -134,43 +134,128 @@ def block_source(knobs: dict[str, Any]) -> str:
         if fmt == "int8":  # one scale per channel, applied to the finished sum
             sums = {v: f"({t}) * vload(sp + j0 + {v} * V)" for v, t in sums.items()}
     # the last panel may be partly padding: its results go through a buffer, only the real columns out
-    L += ["    float yb[JBV], bb[JBV];",
-          "    const int full = j0 + JBV <= N;",
-          "    float *yo = full ? y + j0 : yb;",
-          "    const float *bo = bias && full ? bias + j0 : bb;",
-          "    if (!full) for (int i = 0; i < JBV; i++) bb[i] = bias && j0 + i < N ? bias[j0 + i] : 0.0f;"]
+    return "\n".join(L + _store(jb, sums))
+
+
+# int8 weights and dynamic int8 activations: x quantised once per call (symmetric, shifted by 128 to u8), each
+# column's 4 consecutive rows side by side, one u8 x s8 dot product of 4 per lane (VNNI), int32 sums; the
+# shift is undone with each channel's sum of values: y = sx * sw * (acc - 128 * colsum)
+_DOT = r"""
+#if V == 16 && defined(__AVX512VNNI__)
+static inline vi dot4(vi acc, uint32_t x4, const int8_t *w) {
+    return (vi)_mm512_dpbusd_epi32((__m512i)acc, _mm512_set1_epi32((int)x4), _mm512_loadu_si512((const void *)w));
+}
+#elif V == 8 && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+static inline vi dot4(vi acc, uint32_t x4, const int8_t *w) {
+    return (vi)_mm256_dpbusd_epi32((__m256i)acc, _mm256_set1_epi32((int)x4), _mm256_loadu_si256((const __m256i *)w));
+}
+#elif V == 8 && defined(__AVXVNNI__)
+static inline vi dot4(vi acc, uint32_t x4, const int8_t *w) {
+    return (vi)_mm256_dpbusd_avx_epi32((__m256i)acc, _mm256_set1_epi32((int)x4), _mm256_loadu_si256((const __m256i *)w));
+}
+#else
+static inline vi dot4(vi acc, uint32_t x4, const int8_t *w) {
+    for (int i = 0; i < V; i++) {
+        int32_t s = 0;
+        for (int t = 0; t < 4; t++) s += (int32_t)((x4 >> (8 * t)) & 255) * w[4 * i + t];
+        acc[i] += s;
+    }
+    return acc;
+}
+#endif
+static inline vi vload_i(const int32_t *p) { vi v; memcpy(&v, p, sizeof v); return v; }
+/* x -> u8 (q + 128, q = round(x * 127 / max|x|)), padded with 128 to whole groups of 4; returns the scale */
+static float quantise_x(const float *x, uint8_t *xq, int K, int K4) {
+    float amax = 0.0f;
+    for (int k = 0; k < K; k++) { float a = fabsf(x[k]); amax = a > amax ? a : amax; }
+    float inv = 0.0f, sx = 1.0f;
+    if (amax > 0.0f) { inv = 127.0f / amax; sx = amax / 127.0f; }
+    for (int k = 0; k < K; k++) {
+        float r = nearbyintf(x[k] * inv);
+        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+        xq[k] = (uint8_t)((int)r + 128);
+    }
+    for (int k = K; k < 4 * K4; k++) xq[k] = 128;
+    return sx;
+}
+"""
+
+
+def _a8_block(knobs: dict[str, Any]) -> str:
+    jb, ks, unroll = knobs["jb"], knobs["ksplit"], knobs["unroll"]
+    step = lambda t, s: " ".join(  # noqa: E731
+        f"a{s}_{v} = dot4(a{s}_{v}, xq[{t}], wp + ((long)({t}) * JBV + {v} * V) * 4);" for v in range(jb))
+    L = ["static inline void qblock(const uint32_t *restrict xq, const int8_t *restrict wp, const float *restrict sp,"
+         " const int32_t *restrict cs, const float *restrict bias, float *restrict y, int N, int K4, int j0,"
+         " float sx, int epi) {",
+         *("    " + " ".join(f"vi a{s}_{v} = (vi){{0}};" for v in range(jb)) for s in range(ks)),
+         "    int t = 0;", f"    #pragma GCC unroll {unroll}", f"    for (; t + {ks} <= K4; t += {ks}) {{",
+         *(f"        {step(f't + {s}', s)}" for s in range(ks)), "    }", f"    for (; t < K4; t++) {{ {step('t', 0)} }}"]
+    sums = {v: f"__builtin_convertvector(({' + '.join(f'a{s}_{v}' for s in range(ks))}) - 128 * "
+               f"vload_i(cs + j0 + {v} * V), vf) * (vload(sp + j0 + {v} * V) * sx)" for v in range(jb)}
+    return "\n".join(L + _store(jb, sums))
+
+
+def _store(jb: int, sums: dict[int, str]) -> list[str]:
+    """The end of a block: each vector's sum through the epilogue into y (the last panel through a buffer)."""
+    L = ["    float yb[JBV], bb[JBV];",
+         "    const int full = j0 + JBV <= N;",
+         "    float *yo = full ? y + j0 : yb;",
+         "    const float *bo = bias && full ? bias + j0 : bb;",
+         "    if (!full) for (int i = 0; i < JBV; i++) bb[i] = bias && j0 + i < N ? bias[j0 + i] : 0.0f;"]
     for v in range(jb):
         L.append(f"    {{ vf t = {sums[v]}; vf b = epi ? vload(bo + {v} * V) : vset(0.0f);"
                  f" vstore(yo + {v} * V, vepi(t, b, epi)); }}")
-    L += ["    if (!full) for (int i = 0; j0 + i < N; i++) y[j0 + i] = yb[i];", "}"]
-    return "\n".join(L)
+    return L + ["    if (!full) for (int i = 0; j0 + i < N; i++) y[j0 + i] = yb[i];", "}"]
 
 
-def source(knobs: dict[str, Any], epilogue: str) -> str:
-    fmt = knobs["wfmt"]
-    elem = _ELEM[fmt]
-    per_panel = "((long)K * JBV)" if fmt != "int4" else "((long)((K + QB - 1) / QB) * QB / 2 * JBV)"
-    scales = "g->scales + (long)b * ((K + QB - 1) / QB) * JBV" if fmt == "int4" else "g->scales"
-    head = (f"#define V {knobs['vec']}\n#define JB {knobs['jb']}\n#define JBV (JB * V)\n"
-            f"#define EPI {epi_code(epilogue)}\n#define QB {int(knobs.get('qblock', 32))}")
-    return "\n".join([head, header(), _LOADS, block_source(knobs), r"""
-typedef struct { const float *x; const void *w; const float *scales, *bias; float *y; int N, K, threads; } qgemv_args;
+_MAIN = r"""
+typedef struct { const float *x; const void *w; const float *scales, *bias; float *y; int N, K, threads;
+                 const int32_t *colsum; } qgemv_args;
 
 void pf_qgemv(const qgemv_args *g) {
     const int N = g->N, K = g->K, npanel = (N + JBV - 1) / JBV;
-    const """ + elem + r""" *w = (const """ + elem + r""" *)g->w;
+    const ELEM *w = (const ELEM *)g->w;
+    PREPARE
 #ifdef _OPENMP
     #pragma omp parallel for schedule(static) num_threads(g->threads) if (g->threads > 1)
 #endif
     for (int b = 0; b < npanel; b++)
-        qblock(g->x, w + (long)b * """ + per_panel + ", " + scales + r""", g->bias, g->y, N, K, b * JBV, EPI);
+        CALL;
 }
-"""])
+"""
+
+
+def source(knobs: dict[str, Any], epilogue: str) -> str:
+    fmt = knobs["wfmt"]
+    a8 = act_int8(knobs)
+    head = (f"#define V {knobs['vec']}\n#define JB {knobs['jb']}\n#define JBV (JB * V)\n"
+            f"#define EPI {epi_code(epilogue)}\n#define QB {int(knobs.get('qblock', 32))}")
+    if a8:
+        prepare = ("const int K4 = (K + 3) / 4;\n    static __thread uint8_t *xq; static __thread size_t cap;\n"
+                   "    if (cap < (size_t)K4 * 4) { free(xq); xq = aligned_alloc(64, ((size_t)K4 * 4 + 63) / 64 * 64);"
+                   " cap = xq ? (size_t)K4 * 4 : 0; }\n    const float sx = quantise_x(g->x, xq, K, K4);\n"
+                   "    const uint32_t *x4 = (const uint32_t *)xq;  /* the caller's: inside the parallel loop xq is each thread's own */")
+        call = ("qblock(x4, w + (long)b * K4 * 4 * JBV, g->scales, g->colsum, g->bias, g->y, N, K4,"
+                " b * JBV, sx, EPI)")
+        body = [_DOT, _a8_block(knobs)]
+    else:
+        per_panel = "((long)K * JBV)" if fmt != "int4" else "((long)((K + QB - 1) / QB) * QB / 2 * JBV)"
+        scales = "g->scales + (long)b * ((K + QB - 1) / QB) * JBV" if fmt == "int4" else "g->scales"
+        prepare = ""
+        call = f"qblock(g->x, w + (long)b * {per_panel}, {scales}, g->bias, g->y, N, K, b * JBV, EPI)"
+        body = [block_source(knobs)]
+    main = _MAIN.replace("ELEM", _ELEM[fmt]).replace("PREPARE", prepare).replace("CALL", call)
+    return "\n".join([head, header(), _LOADS, *body, main])
+
+
+def act_int8(knobs: dict[str, Any]) -> bool:
+    return knobs.get("act", "fp32") == "int8" and knobs.get("wfmt") == "int8"
 
 
 def pack_for(W: np.ndarray, knobs: dict[str, Any]) -> Packed:
     """``W`` quantised and packed for these knobs (cached: every candidate of one format and panel shares it)."""
-    return packed(W, knobs["wfmt"], knobs["jb"] * knobs["vec"], knobs.get("qblock"))
+    return packed(W, knobs["wfmt"], knobs["jb"] * knobs["vec"], knobs.get("qblock"), 4 if act_int8(knobs) else 1)
 
 
 def quantised(knobs: dict[str, Any]) -> bool:
@@ -178,36 +263,63 @@ def quantised(knobs: dict[str, Any]) -> bool:
     return knobs.get("wfmt", "fp32") != "fp32"
 
 
-def with_formats(space: Space, formats: tuple[str, ...] = FORMATS, blocks: tuple[int, ...] | None = None) -> Space:
-    """``space`` (the fp32 GEMV's) with the weight format as a gene beside its tile knobs: ``wfmt`` among
-    ``formats``, and ``qblock`` (int4's block along K) among ``blocks`` (default all). A quantised plan is always
-    packed in panels, and only int4 has a block size, so the restrictions keep one point per distinct kernel."""
-    blocks = tuple(blocks or INT4_BLOCKS)
-    bad = [f for f in formats if f not in FORMATS] + [b for b in blocks if b not in INT4_BLOCKS]
-    if bad or not formats:
-        raise ValueError(f"weight formats {formats!r}, blocks {blocks!r}: choose among {', '.join(FORMATS)} and "
-                         f"{', '.join(map(str, INT4_BLOCKS))}")
-    return Space([*space.knobs, categorical("wfmt", tuple(formats)), categorical("qblock", blocks)],
-                 [*space.restrictions, "wfmt == 'fp32' or w_layout == 'packed'",
-                  f"wfmt == 'int4' or qblock == {blocks[0]}"], constants=space.constants)
+def variants(lim) -> tuple[str, ...]:
+    """The quantised variants (``planforge.quant.variant``) this machine runs: every format and int4 block, and
+    int8 weights with dynamic int8 activations where a vector width has a u8 x s8 dot product (VNNI)."""
+    return ("fp32", "bf16", "int8", *(("int8+a8",) if lim.dot_i8_lanes else ()),
+            *(variant("int4", b) for b in INT4_BLOCKS))
 
 
-def reference_inputs(knobs: dict[str, Any], inputs: dict[str, np.ndarray], weight: str = "W"):
+def with_formats(space: Space, names: tuple[str, ...], dot_lanes: tuple[int, ...] = ()) -> Space:
+    """``space`` (the fp32 GEMV's) with the weight format as a gene beside its tile knobs: ``wfmt`` among the
+    formats of the variants ``names``, ``qblock`` (int4's block along K) among their blocks, and ``act``
+    (dynamic int8 activations) when ``int8+a8`` is among them (at the widths ``dot_lanes`` with a dot
+    product). A quantised plan is always packed in panels, and only int4 has a block size, so the
+    restrictions keep one point per distinct kernel."""
+    try:
+        vk = [variant_knobs(n) for n in names]
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+    formats = tuple(dict.fromkeys(k["wfmt"] for k in vk))
+    blocks = tuple(dict.fromkeys(k["qblock"] for k in vk if k["wfmt"] == "int4")) or INT4_BLOCKS[:1]
+    knobs = [*space.knobs, categorical("wfmt", formats), categorical("qblock", blocks)]
+    rules = [*space.restrictions, "wfmt == 'fp32' or w_layout == 'packed'", f"wfmt == 'int4' or qblock == {blocks[0]}"]
+    if "int8+a8" in names and dot_lanes:
+        acts = ("fp32", "int8") if "int8" in names else ("int8",)
+        knobs.append(categorical("act", acts))
+        rules.append(f"act == 'fp32' or (wfmt == 'int8' and vec in {tuple(dot_lanes)!r})")
+        if acts == ("int8",):
+            rules.append("wfmt != 'int8' or act == 'int8'")  # weight-only int8 is over budget
+    return Space(knobs, rules, constants=space.constants)
+
+
+def reference_inputs(knobs: dict[str, Any], inputs: dict[str, np.ndarray], weight: str = "W", act: str = "x"):
     """``(key, inputs())``: the inputs with the weights a candidate of these knobs really multiplies by
-    (dequantised), made when called, to check the kernel against; None for fp32. The key names the format, so
-    that a caller can cache them."""
+    (dequantised; with dynamic int8 activations, the activations too), made when called, to check the kernel
+    against; None for fp32. The key names the variant, so that a caller can cache them."""
     if not quantised(knobs):
         return None
     fmt, block = knobs["wfmt"], knobs.get("qblock") if knobs["wfmt"] == "int4" else None
-    return f"{fmt}:{block}", lambda: {**inputs, weight: dequantise(quantise(inputs[weight], fmt, block), np.float32)}
+    a8 = act_int8(knobs)
+
+    def make():
+        out = {**inputs, weight: dequantise(quantise(inputs[weight], fmt, block), np.float32)}
+        if a8:
+            q, scale = quantise_activations(inputs[act])
+            out[act] = q.astype(np.float32) * scale
+        return out
+
+    return variant(fmt, block, "int8" if a8 else "fp32"), make
 
 
 def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, W, bias, y):
     K, N = W.shape
     pk = pack_for(W, knobs)
     args = QGemvArgs(x.ctypes.data, pk.w.ctypes.data, pk.scales.ctypes.data if pk.scales is not None else None,
-                     bias.ctypes.data if bias is not None else None, y.ctypes.data, N, K, knobs["threads"])
+                     bias.ctypes.data if bias is not None else None, y.ctypes.data, N, K, knobs["threads"],
+                     pk.colsum.ctypes.data if pk.colsum is not None else None)
     return struct_call(lib.pf_qgemv, args, (x, W, pk, bias, y))
 
 
-__all__ = ["QGemvArgs", "bind", "block_source", "pack_for", "quantised", "reference_inputs", "source", "with_formats"]
+__all__ = ["QGemvArgs", "act_int8", "bind", "block_source", "pack_for", "quantised", "reference_inputs", "source",
+           "variants", "with_formats"]
