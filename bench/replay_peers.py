@@ -183,7 +183,11 @@ def run_kernel_tuner(label: str, strategy: str, seed: int, budget: int) -> list[
     return values[:budget]
 
 
-def run_optuna(label: str, seed: int, budget: int, max_trials_per_eval: int = 4) -> list[float | None]:
+def run_optuna(label: str, seed: int, budget: int, max_trials_per_eval: int = 4, enqueue=(),
+               stop_at: float | None = None) -> list[float | None]:
+    """A plain TPE study; ``enqueue``: configurations (value tuples in the recording's order) put first
+    into the study with ``enqueue_trial`` (a warm start); ``stop_at``: stop once a time at or below it is
+    measured (default: the optimum)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -193,6 +197,9 @@ def run_optuna(label: str, seed: int, budget: int, max_trials_per_eval: int = 4)
              if len(p.values) > 1}
     fixed = {p.name: p.values[0] for p in rec.params if len(p.values) == 1}
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
+    for cfg in enqueue:
+        study.enqueue_trial({n: v for n, v in zip(rec.names, cfg) if n in dists})
+    stop_at = rep.optimum if stop_at is None else stop_at
     pruned = optuna.trial.TrialState.PRUNED
     seen, values = set(), []
     for _ in range(max_trials_per_eval * budget):
@@ -212,7 +219,7 @@ def run_optuna(label: str, seed: int, budget: int, max_trials_per_eval: int = 4)
             study.tell(trial, state=pruned)
         else:
             study.tell(trial, m)
-            if m <= rep.optimum:
+            if m <= stop_at:
                 break
     return values
 

@@ -64,6 +64,12 @@ def _executor(kind: str, address: str | None, workers: int | None, cores_per_slo
     return {"kind": "ray", "address": address, "slots": workers, "cores_per_slot": cores_per_slot}
 
 
+WARM_HELP = ("Warm-start from an earlier tuning of the same kernel (the same knob names) on another device or "
+             "shape: a records database, a Kernel Tuner cache or a T4 file (repeatable). Its best configurations "
+             "are proposed first and the model takes it as a prior. auto does this by itself when the records "
+             "hold the task under another device or a nearby shape.")
+
+
 @app.command()
 def tune(
     workload: str = typer.Option("policy-mlp", "--workload", "-w",
@@ -109,6 +115,7 @@ def tune(
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Where to tune: cpu, table or replay (default: "
                                                                       "the workload's own, cpu for kernels and "
                                                                       "models, table for the drill)."),
+    warm_start: list[Path] = typer.Option([], "--warm-start", help=WARM_HELP),
 ) -> None:
     """Search a workload's plan space, validate the finalists and write a tuning spec."""
     from .report import print_summary, summary_json
@@ -170,7 +177,8 @@ def tune(
                            resume=resume, strategy_options=_typed(_pairs(strategy_option, "--strategy-option")),
                            on_trial=on_trial, command=command,
                            executor=_executor(executor, ray_address, workers, cores_per_slot), funnel=not no_funnel,
-                           plan_loader=load_tuned, scheduler=scheduler, on_grant=on_grant if many else None)
+                           plan_loader=load_tuned, scheduler=scheduler, on_grant=on_grant if many else None,
+                           warm_start=warm_start)
     except ExecutorError as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -368,6 +376,8 @@ def replay(
     no_t1: bool = typer.Option(False, "--no-t1", help="Read the recordings alone, without T1 files."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Save mean best-so-far curves (a PNG per space) here."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every score, nothing else."),
+    warm_start: list[Path] = typer.Option([], "--warm-start", help=WARM_HELP + " Each strategy then runs cold and "
+                                                                    "warm (warm:NAME); a FILE is never its own source."),
 ) -> None:
     """Replay search strategies on recorded spaces and score them.
 
@@ -397,6 +407,19 @@ def replay(
             replays.append(load_replay(f, False if no_t1 else (t1 if t1 is not None else True)))
     except FormatError as e:
         _fail(str(e))
+    warm = {}
+    if warm_start:
+        from .search.benchmark import WARM
+        from .search.warm import WarmError, WarmStart
+        from .warmstart import load_sources
+
+        try:
+            sources = {p.resolve(): load_sources([p], replays[0].space.names) for p in warm_start}
+            for r in replays:  # leave one out: a recording never warm-starts itself
+                warm[r.label] = WarmStart(r.space, [s for p, ss in sources.items() if p != r.path.resolve() for s in ss])
+        except WarmError as e:
+            _fail(str(e))
+        names = [*names, *(WARM + n for n in names)]
     if not as_json:
         for r in replays:
             for note in r.recording.notes:
@@ -405,7 +428,7 @@ def replay(
                         TimeRemainingColumn(), console=err_console, disable=as_json, transient=True)
     with progress:
         bar = progress.add_task("runs", total=None)
-        results = benchmark(replays, names, range(seeds), budget, jobs=jobs,
+        results = benchmark(replays, names, range(seeds), budget, jobs=jobs, warm=warm,
                             on_run=lambda done, total: progress.update(bar, completed=done, total=total))
     if plot is not None:
         try:

@@ -24,7 +24,9 @@ from .measure.executor import make_executor
 from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, make_strategy, walk_finalists
 from .search.scheduler import DEFAULT_WARMUP, Grant, TaskSearch, TaskState, compact, make_scheduler, schedule
 from .search.strategies import Strategy
+from .search.warm import WarmError, WarmStart, warm_note
 from .spec import Records, SCHEMA_VERSION, spec_filename, write_spec
+from .warmstart import auto_warm, load_sources
 from .workloads import Task, Workload
 
 FINALIST_ROUNDS = 3
@@ -124,7 +126,8 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
          on_trial: Callable[[Task, Trial], None] | None = None, command: str = "",
          executor: dict[str, Any] | None = None, funnel: bool = True, plan_loader: PlanLoader | None = None,
          scheduler: str = "gradient", scheduler_options: dict[str, Any] | None = None,
-         on_grant: Callable[[Grant, Sequence[TaskState]], None] | None = None) -> TuneResult:
+         on_grant: Callable[[Grant, Sequence[TaskState]], None] | None = None,
+         warm_start: Sequence[str | os.PathLike] = ()) -> TuneResult:
     """Tune every task of ``workload``; write ``out/spec.json`` when ``out`` is given.
 
     Parameters:
@@ -166,6 +169,13 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         plan_loader: ``f(spec_path, workload) -> callable`` that the result's
             ``plan`` loads the spec with (the API passes ``planforge.load``'s;
             default None: ``plan`` says to load the spec by hand).
+        warm_start: records databases, Kernel Tuner caches or T4 files of the
+            same kernel (the same knob names) tuned on other devices or shapes
+            (``planforge.warmstart``): their best configurations are proposed
+            first and a strategy with a model takes them as a prior. Without
+            it, ``auto`` warm-starts from the records database by itself when
+            it holds the same task under another device fingerprint or a
+            nearby shape of it (default: none).
     """
     t0 = time.perf_counter()
     out_path = Path(out) if out is not None else None
@@ -175,6 +185,11 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
               **({} if funnel else {"funnel": False})}
     if len(workload.tasks) > 1:  # a resumed run must spend the budget the same way
         config["scheduler"] = [scheduler, scheduler_options or {}]
+    sources = None
+    if warm_start:  # a file that cannot be read or does not fit fails before anything is measured
+        sources = load_sources(warm_start, *_knob_names(workload))
+        if len(workload.tasks) == 1:
+            WarmStart(workload.tasks[0].space, sources)
     db = Records(rec_path)
     try:
         run_id, resumed = db.start_run(workload.name, workload.manifest.key, config, command, resume)
@@ -183,7 +198,7 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         try:
             per_task, schedule_json = _search_tasks(db, run_id, workload, strategy, budget, seed, keep,
                                                     strategy_options or {}, on_trial, funnel, executor, scheduler,
-                                                    scheduler_options or {}, on_grant)
+                                                    scheduler_options or {}, on_grant, sources)
         except KeyboardInterrupt:
             db.end_run(run_id, "interrupted")
             raise
@@ -195,6 +210,8 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
                 close()
         main = next(iter(per_task[0]))
         results = [d.get(main) or next(iter(d.values())) for d in per_task]
+        notes.extend(warm_note(tr.task.key, tr.strategy.get("warm_start")) for tr in results
+                     if tr.strategy.get("warm_start"))
         by_target: dict[str, list[TaskResult]] = {}
         for d in per_task:
             for where, tr in d.items():
@@ -232,7 +249,8 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
 
 def _search_tasks(db: Records, run_id: str, workload: Workload, strategy: str, budget: Budget, seed: int, keep: int,
                   options: dict[str, Any], on_trial, funnel: bool, executor: dict[str, Any] | None, scheduler: str,
-                  scheduler_options: dict[str, Any], on_grant) -> tuple[list[dict[str, TaskResult]], dict | None]:
+                  scheduler_options: dict[str, Any], on_grant, sources=None
+                  ) -> tuple[list[dict[str, TaskResult]], dict | None]:
     """Search every task of ``workload``, then give each its finalists: per task its result per device
     fingerprint (the main one first), and how the scheduler spent the budget (None for a single task).
 
@@ -245,7 +263,7 @@ def _search_tasks(db: Records, run_id: str, workload: Workload, strategy: str, b
     # what `auto` sizes its choice by (exhaustive when the valid space fits): a task's even share of the budget
     hint = budget.evals if not many or budget.evals is None else max(1, budget.evals // len(workload.tasks))
     made = [_task_search(db, run_id, workload, task, strategy, budget, hint, seed, keep, options, on_trial, funnel,
-                         executor) for task in workload.tasks]
+                         executor, sources) for task in workload.tasks]
     searches = [m[0] for m in made]
     try:
         if not many:
@@ -269,9 +287,16 @@ def _search_tasks(db: Records, run_id: str, workload: Workload, strategy: str, b
     return [finish(r) for (_, finish), r in zip(made, joined)], schedule_json
 
 
+def _knob_names(workload: Workload) -> tuple[Sequence[str] | None, str | None]:
+    """The knob names and key of a one-kernel workload's task, which a records database is read by."""
+    t = workload.tasks[0]
+    return (t.space.names, t.key) if len(workload.tasks) == 1 else (None, None)
+
+
 def _task_search(db: Records, run_id: str, workload: Workload, task: Task, strategy: str, budget: Budget,
                  hint: int | None, seed: int, keep: int, options: dict[str, Any], on_trial, funnel: bool = True,
-                 executor: dict[str, Any] | None = None) -> tuple[TaskSearch, Callable[[SearchResult], dict]]:
+                 executor: dict[str, Any] | None = None, sources=None
+                 ) -> tuple[TaskSearch, Callable[[SearchResult], dict]]:
     """``task``'s search, to be run in grants, and ``finish(result)``: its result per device fingerprint tuned
     (one, but for a heterogeneous cluster), the main one first. ``hint``: the evaluations ``auto`` sizes its
     choice of strategy by."""
@@ -282,8 +307,18 @@ def _task_search(db: Records, run_id: str, workload: Workload, task: Task, strat
     driver = task.backend.fingerprint
 
     def strategy_for(target: str) -> Strategy:
-        # each device fingerprint's search: the same strategy and seed, its own state
-        strat = make_strategy(strategy, space, seed, budget=hint, cost_model=task.cost_model, **options)
+        # each device fingerprint's search: the same strategy and seed, its own state; warm-started from the
+        # sources given, or (auto) from this task on other devices and nearby shapes in the records
+        if sources is not None:
+            try:
+                warm = WarmStart(space, sources)
+            except WarmError:
+                if len(workload.tasks) == 1:
+                    raise
+                warm = None  # the sources are another task's
+        else:
+            warm = auto_warm(db, space, task.key, target, run_id) if strategy == "auto" else None
+        strat = make_strategy(strategy, space, seed, budget=hint, cost_model=task.cost_model, warm=warm, **options)
         # learned models start from this template's earlier runs on this device (a no-op for the others)
         strat.warm_start(history(db, target, task.key, space.names, exclude_run=run_id))
         return strat

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..targets.replay.replay import Replay, load_replay
 from .loop import Budget, search
 from .scoring import Score, score
 from .registry import make_strategy
+from .warm import WarmStart
 
 BASELINE = "random"
 
@@ -33,12 +34,14 @@ class Run:
 
 
 def replay_run(replay: Replay, strategy: str, seed: int, budget: int, options: dict[str, Any] | None = None,
-               stop_at_optimum: bool = True) -> Run:
-    """Run ``strategy`` (a name for ``make_strategy``) with ``seed`` on ``replay``."""
+               stop_at_optimum: bool = True, warm: WarmStart | None = None, stop_at: float | None = None) -> Run:
+    """Run ``strategy`` (a name for ``make_strategy``) with ``seed`` on ``replay``, warm-started from ``warm``
+    (other recordings of the kernel mapped onto this space; default None: cold). The run stops once it
+    measures ``stop_at`` or better (default: the optimum, unless ``stop_at_optimum`` is False)."""
     t0 = time.perf_counter()
-    strat = make_strategy(strategy, replay.space, seed, budget=budget, **(options or {}))
-    res = search(replay.space, strat, replay.backend, Budget(evals=budget), keep=1,
-                 target=replay.optimum if stop_at_optimum else None)
+    strat = make_strategy(strategy, replay.space, seed, budget=budget, warm=warm, **(options or {}))
+    target = stop_at if stop_at is not None else replay.optimum if stop_at_optimum else None
+    res = search(replay.space, strat, replay.backend, Budget(evals=budget), keep=1, target=target)
     values = [t.outcome.metric for t in res.trials if t.n > 0]
     return Run(replay.label, strategy, seed, values, res.stop_reason, time.perf_counter() - t0)
 
@@ -56,6 +59,8 @@ class SpaceResult:
 # Worker processes find their replays here: loaded by the parent before the pool
 # forks, or loaded once per worker where processes are spawned.
 _REPLAYS: dict[tuple[str, Any], Replay] = {}
+_WARM: dict[str, WarmStart] = {}  # per replay label (forked workers inherit them)
+WARM = "warm:"  # a strategy name with this prefix runs warm-started from the replay's warm start
 
 
 def _job(args: tuple) -> Run | tuple[str, str, str]:
@@ -64,15 +69,19 @@ def _job(args: tuple) -> Run | tuple[str, str, str]:
     if key not in _REPLAYS:
         _REPLAYS[key] = load_replay(path, t1)
     replay = _REPLAYS[key]
+    name, warm = (strategy[len(WARM):], _WARM[replay.label]) if strategy.startswith(WARM) else (strategy, None)
     try:
-        return replay_run(replay, strategy, seed, budget, options)
+        run = replay_run(replay, name, seed, budget, options, warm=warm)
+        run.strategy = strategy
+        return run
     except ImportError as e:  # a strategy whose optional dependency is missing here
         return (replay.label, strategy, str(e))
 
 
 def benchmark(replays: Sequence[Replay], strategies: Sequence[str], seeds: Iterable[int], budget: int,
               jobs: int = 1, options: dict[str, dict[str, Any]] | None = None,
-              on_run: Callable[[int, int], None] | None = None) -> list[SpaceResult]:
+              on_run: Callable[[int, int], None] | None = None,
+              warm: Mapping[str, WarmStart] | None = None) -> list[SpaceResult]:
     """Score each strategy on each replay over ``seeds``.
 
     Parameters:
@@ -81,6 +90,8 @@ def benchmark(replays: Sequence[Replay], strategies: Sequence[str], seeds: Itera
         jobs: worker processes (default 1: run in this process).
         options: per strategy name, settings passed to ``make_strategy``.
         on_run: called with (runs done, runs in all) after each run.
+        warm: per replay label, its warm start; a strategy named
+            ``warm:NAME`` runs NAME warm-started from it (default None).
     A strategy that cannot run (its optional dependency is missing, a bad
     setting) is reported in ``SpaceResult.errors``, not dropped silently."""
     strategies = list(dict.fromkeys([*strategies, BASELINE] if BASELINE not in strategies else strategies))
@@ -88,7 +99,12 @@ def benchmark(replays: Sequence[Replay], strategies: Sequence[str], seeds: Itera
     options = options or {}
     for r in replays:
         _REPLAYS[(str(r.path), r.recording.t1 and str(r.recording.t1) or False)] = r
-    tasks = [(str(r.path), r.recording.t1 and str(r.recording.t1) or False, s, seed, budget, options.get(s))
+    _WARM.update(warm or {})
+    missing = [f"{s} on {r.label}" for s in strategies if s.startswith(WARM) for r in replays if r.label not in _WARM]
+    if missing:
+        raise ValueError(f"no warm start for {', '.join(missing)}")
+    tasks = [(str(r.path), r.recording.t1 and str(r.recording.t1) or False, s, seed, budget,
+              options.get(s, options.get(s.removeprefix(WARM))))
              for r in replays for s in strategies for seed in seeds]
     results: list[Run | tuple[str, str, str]] = []
     if jobs > 1 and len(tasks) > 1:

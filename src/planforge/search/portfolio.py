@@ -181,6 +181,11 @@ class Portfolio(Strategy):
         for arm in self.arms.values():
             arm.tell(results)
 
+    def warm_start(self, rows) -> int:
+        """Every arm takes the rows (those with a model use them); returns the most any arm took."""
+        rows = rows if isinstance(rows, list) else list(rows)  # (a WarmStart's rows keep their points)
+        return max((arm.warm_start(rows) for arm in self.arms.values()), default=0)
+
     def describe(self) -> dict:
         return {**super().describe(), "arms": list(self.arms), "c": self.bandit.c, "window": self.bandit.window,
                 "uses": dict(self.uses)}

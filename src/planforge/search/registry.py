@@ -19,6 +19,7 @@ from .settings import Setting, SettingError, check_options
 from .strategies import Annealing, Exhaustive, Genetic, HillClimb, ProxyTopK, RandomSearch, Strategy
 from .surrogate import Thompson
 from .tpe import TPE
+from .warm import WarmStart, warmed
 
 STRATEGIES: dict[str, type[Strategy]] = {
     s.name: s for s in (Exhaustive, RandomSearch, Genetic, Annealing, HillClimb, ProxyTopK, ModelGuided, MCTS,
@@ -51,13 +52,17 @@ def settings_of(name: str) -> tuple[Setting, ...]:
 
 
 def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = None, cost_model=None,
-                  **options) -> Strategy:
+                  warm: WarmStart | None = None, **options) -> Strategy:
     """Build a strategy by name. ``auto`` is exhaustive when the valid space
     fits in ``budget``; otherwise model-guided (``model``) when ``cost_model``
     is an analytic model (``costmodel.funnel.Analytic``: it has features for a
     learned model, as the CPU kernel tasks' roofline does), genetic when seed
     candidates are given (``initial``: the extracted plans of a graph), and
-    else the bandit portfolio with the settings of ``AUTO_PORTFOLIO``."""
+    else the bandit portfolio with the settings of ``AUTO_PORTFOLIO``.
+
+    ``warm``: a warm start (``search.warm.WarmStart``: other devices' or shapes'
+    tunings of this kernel): its best configurations are proposed first and
+    a strategy with a model takes its rows as a prior (default None: cold)."""
     chose = name == "auto"
     if name == "auto":
         try:
@@ -78,6 +83,10 @@ def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = N
         options = check_options(name, STRATEGIES[name].all_settings(), options, internal=INTERNAL)
     except SettingError as e:
         raise SettingError(f"auto chose {name} for this space: {e}" if chose else str(e)) from None
+    return warmed(_build(name, space, seed, budget, cost_model, options), warm)
+
+
+def _build(name: str, space: Space, seed: int, budget: int | None, cost_model, options: dict) -> Strategy:
     if name == "model":
         return STRATEGIES[name](space, seed, cost_model=cost_model, **options)
     if name == "proxy-topk":

@@ -48,6 +48,7 @@ from scipy import linalg
 from ..space import Candidate, Space, SpaceError
 from .settings import Setting
 from .strategies import Result, Strategy
+from .warm import Rows, kendall_weight, points_of, value_index
 
 
 class Thompson(Strategy):
@@ -94,6 +95,10 @@ class Thompson(Strategy):
         Setting("fail_penalty", "float", 1.0, "log-time told for a failure, above the slowest measured", low=0),
         Setting("exploration", "float", 1.0, "spread of the posterior draws (0: the posterior mean)", low=0),
         Setting("max_features", "int", 1000, "the largest model (weights); more values are binned", low=1),
+        Setting("warm_weight", "float", 0.05, "warm start: weight of each source row in the prior at first", low=0),
+        Setting("warm_halflife", "float", 30.0, "warm start: target measurements after which that weight halves",
+                low=1e-9),
+        Setting("warm_init", "int", 0, "warm start: random proposals of its own beside the early ones", low=0),
     )
     duplicate_limit = 1_000_000  # the model never re-proposes; exhaustion stops it
 
@@ -101,7 +106,8 @@ class Thompson(Strategy):
                  interaction_prior: float = 4.0, interactions: bool = True, value_features: bool = True,
                  value_prior: float = 0.1, refit: float = 0.05, pool: int = 50_000, top: int = 3, radius: int = 2,
                  global_every: int = 3, fail_penalty: float = 1.0, exploration: float = 1.0,
-                 max_features: int = 1000, **kw):
+                 max_features: int = 1000, warm_weight: float = 0.05, warm_halflife: float = 30.0,
+                 warm_init: int = 0, **kw):
         super().__init__(space, seed, **kw)
         if global_every < 1 or top < 1 or radius < 1:
             raise ValueError(f"thompson: global_every, top and radius must be at least 1 "
@@ -109,6 +115,9 @@ class Thompson(Strategy):
         self.n_init, self.prior, self.interaction_prior = n_init, prior, interaction_prior
         self.interactions, self.refit, self.pool, self.fail_penalty = interactions, refit, pool, fail_penalty
         self.exploration, self.top, self.radius, self.global_every = exploration, top, radius, global_every
+        self.warm_weight, self.warm_halflife, self.warm_init = warm_weight, warm_halflife, warm_init
+        self._random = 0  # random proposals made
+        self._warm: list[dict] = []  # per warm-start source: its X^T X, X^T y, y^T y, rows, log-times by point
         self.np_rng = np.random.default_rng(seed)
         self._radix = [len(k.values) for k in space.knobs]
         self._live = [i for i, r in enumerate(self._radix) if r > 1]
@@ -230,7 +239,64 @@ class Thompson(Strategy):
         ok = [y for y in self._y if y is not None]
         worst = max(ok) if ok else 0.0
         y = np.array([worst + self.fail_penalty if v is None else v for v in self._y])
-        return y - y.mean()
+        return y - y.mean() if len(y) else y
+
+    # -- warm start: other devices' or shapes' measurements as a decaying prior ----------
+    def warm_start(self, rows) -> int:
+        """Take ``(group, config, metric)`` rows of other tunings of this kernel (other devices or shapes,
+        one group each): each group's centred log-times become pseudo-observations that enter every
+        posterior with weight ``warm_weight * warm_halflife / (warm_halflife + n)`` per row after ``n``
+        target measurements, times the group's Kendall tau against what the target measured (clipped at 0,
+        once five points are common), so a source that orders this device's times well keeps its say and
+        one that does not loses it. The model is used from the first proposal. Returns the rows taken."""
+        from scipy import sparse
+
+        if isinstance(rows, Rows) and rows.space is self.space:  # already points of this space
+            groups = dict(rows.points)
+        else:
+            by: dict[str, list] = {}
+            for g, cfg, m in rows:
+                by.setdefault(g, []).append((cfg, m))
+            lookup = value_index(self.space)
+            groups = {g: points_of(self.space, r, lookup) for g, r in by.items()}
+        taken = 0
+        for g, pts in groups.items():
+            logs = [math.log(m) if m is not None and m > 0 else None for m in pts.values()]
+            ok = [v for v in logs if v is not None]
+            if len(ok) < 2:
+                continue  # nothing to learn an order from
+            fail = max(ok) + self.fail_penalty
+            y = np.array([fail if v is None else v for v in logs])
+            y -= y.mean()
+            ints = np.fromiter(pts, dtype=np.int64, count=len(pts))
+            cols, z = self._features(self._digits(ints))
+            n, f = len(ints), self.n_features
+            X1 = sparse.csr_matrix((np.ones(cols.size), (np.repeat(np.arange(n), cols.shape[1]), cols.ravel())),
+                                   shape=(n, f))
+            A = (X1.T @ X1).toarray()
+            b = X1.T @ y
+            if z.shape[1]:
+                cross = X1.T @ z
+                A[:, self._dense] += cross
+                A[self._dense, :] += cross.T
+                A[np.ix_(self._dense, self._dense)] += z.T @ z
+                b[self._dense] += z.T @ y
+            self._warm.append({"label": g, "A": A, "b": b, "yy": float(y @ y), "n": n,
+                               "y": dict(zip(ints.tolist(), y.tolist()))})
+            taken += n
+        if taken:
+            self.n_init = self.warm_init
+        return taken
+
+    def _warm_weights(self) -> list[float]:
+        n = len(self._y)
+        decay = self.warm_weight * self.warm_halflife / (self.warm_halflife + n)
+        measured = {p: y for p, y in zip(self._obs_ints, self._y) if y is not None}
+        out = []
+        for src in self._warm:
+            q = kendall_weight(src["y"], measured)
+            out.append(decay * (1.0 if q is None else q))
+        return out
 
     def _draw(self) -> np.ndarray:
         """Weights drawn from the posterior (Bayesian ridge, noise variance estimated)."""
@@ -240,10 +306,17 @@ class Thompson(Strategy):
             b[cols] += v
             b[self._dense] += z * v
         P = self._A + np.diag(self._precision)
+        yy, count = float(y @ y), float(len(y))
+        for src, w in zip(self._warm, self._warm_weights() if self._warm else ()):
+            if w > 0:
+                P = P + w * src["A"]
+                b = b + w * src["b"]
+                yy += w * src["yy"]
+                count += w * src["n"]
         L = linalg.cholesky(P, lower=True)
         mean = linalg.cho_solve((L, True), b)
-        resid = float(y @ y - b @ mean)
-        sigma = math.sqrt(max(resid, 1e-6) / max(len(y), 1))
+        resid = yy - float(b @ mean)
+        sigma = math.sqrt(max(resid, 1e-6) / max(count, 1))
         z = self.np_rng.standard_normal(self.n_features)
         return mean + self.exploration * sigma * linalg.solve_triangular(L.T, z, lower=False)
 
@@ -287,7 +360,9 @@ class Thompson(Strategy):
         return new >= max(1, math.ceil(self.refit * len(self._y)))
 
     def _propose(self) -> Candidate | None:
-        if len(self._rows) < self.n_init and len(self.proposed) < self.n_init:
+        if self._random < self.n_init and (self.warm_init or (len(self._rows) < self.n_init
+                                                               and len(self.proposed) < self.n_init)):
+            self._random += 1
             return self.space.sample(self.rng)
         if self._pred is None or self._stale():
             self._refresh()
@@ -339,4 +414,5 @@ class Thompson(Strategy):
         return {**super().describe(), "n_init": self.n_init, "prior": self.prior,
                 "interaction_prior": self.interaction_prior, "interactions": self.interactions,
                 "value_features": len(self._value_tables), "refit": self.refit, "features": self.n_features,
-                "top": self.top, "radius": self.radius, "global_every": self.global_every}
+                "top": self.top, "radius": self.radius, "global_every": self.global_every,
+                **({"warm_sources": [w["label"] for w in self._warm]} if self._warm else {})}

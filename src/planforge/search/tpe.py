@@ -152,6 +152,16 @@ class TPE(Strategy):
         self.replaced += 1
         return n
 
+    def _add(self, c: Candidate, o) -> None:
+        """A finished trial for a result this study did not ask for."""
+        optuna = self._optuna
+        params = {k: c.index[i] for i, k in enumerate(self.space.names) if k in self._dists}
+        if o.ok:
+            t = optuna.trial.create_trial(params=params, distributions=self._dists, value=o.metric)
+        else:
+            t = optuna.trial.create_trial(params=params, distributions=self._dists, state=self._state("PRUNED"))
+        self.study.add_trial(t)
+
     def _enqueue(self, c: Candidate) -> None:
         """Propose ``c`` through the study, so that Optuna records its parameters and result."""
         self.study.enqueue_trial({k: c.index[i] for i, k in enumerate(self.space.names) if k in self._dists})
@@ -169,6 +179,8 @@ class TPE(Strategy):
         for c, o in results:
             trial = self._pending.pop(c.fingerprint, None)
             if trial is None:
+                if c.fingerprint not in self.results and o.status != "rejected":
+                    self._add(c, o)  # proposed by someone else (a warm start's early point): the model learns it
                 continue
             if o.ok:
                 self.study.tell(trial, o.metric)

@@ -1,0 +1,266 @@
+"""Warm starts: what tuning the same kernel elsewhere (another device, another shape) says about this space.
+
+A *source* is an earlier tuning of a kernel with the same knob names: the
+configurations it measured and their metrics (None for a failure), from a
+records database, a Kernel Tuner cache or a T4 file (``planforge.warmstart``
+reads them). Times of another device or another shape are never compared
+with this space's times: only their order within their own source is used,
+and each source stays a group of its own.
+
+A ``WarmStart`` maps the sources onto a target space (a configuration that
+is not a valid point of it is dropped) and offers them three ways:
+
+(a) ``seeds(k)``: the sources' best configurations, interleaved (the best of
+    each source, then the second best of each, ...), proposed first by the
+    ``Warmed`` wrapper around any strategy, never proposed twice;
+(b) ``rows()``: ``(group, config, metric)`` rows that a strategy with a model
+    takes through ``Strategy.warm_start`` (thompson: a prior whose weight
+    decays as target measurements arrive, per source weighted by how well it
+    ranks what the target measured; the learned ranker: one query group per
+    source);
+(c) ``predict(candidates)``: the sources' mean rank as a cost model (lower
+    is better), which the tuning driver uses as a funnel stage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..space import Candidate, Space
+from .strategies import Result, Strategy
+
+# early proposals of the sources' best configurations, by default
+EARLY = 16
+
+
+class WarmError(ValueError):
+    """Warm-start sources that cannot be used on this space."""
+
+
+@dataclass
+class Source:
+    """One earlier tuning: ``rows`` of (configuration by knob name, metric or None for a failure)."""
+
+    label: str
+    rows: list[tuple[dict[str, Any], float | None]]
+    note: str = ""  # where it came from, for the summary (another device, another shape)
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self.rows[0][0]) if self.rows else frozenset()
+
+
+@dataclass
+class _Mapped:
+    label: str
+    ints: np.ndarray  # valid target points (mixed-radix integers)
+    metrics: list[float | None]  # their metrics in the source
+    rank: dict[int, float] = field(default_factory=dict)  # point -> rank in [0, 1], failures 1
+    order: list[int] = field(default_factory=list)  # measured points, best first
+
+
+def value_index(space: Space) -> list[dict[Any, int]]:
+    """Per knob, value -> its index."""
+    return [{v: i for i, v in enumerate(k.values)} for k in space.knobs]
+
+
+def points_of(space: Space, rows: Iterable[tuple[Mapping[str, Any], float | None]],
+              lookup: list[dict[Any, int]] | None = None) -> dict[int, float | None]:
+    """``(config, metric)`` rows as valid points of ``space`` (mixed-radix integers) -> metric; a configuration
+    with a value the space lacks, or outside its restrictions, is left out; one measured twice keeps its best."""
+    lookup = lookup or value_index(space)
+    best: dict[int, float | None] = {}
+    for cfg, m in rows:
+        try:
+            idx = tuple(lookup[i][cfg[k.name]] for i, k in enumerate(space.knobs))
+        except (KeyError, TypeError):
+            continue
+        if not space.is_valid_index(idx):
+            continue
+        n = space.to_int(idx)
+        if n not in best or (m is not None and (best[n] is None or m < best[n])):
+            best[n] = m
+    return best
+
+
+class Rows(list):
+    """``WarmStart.rows()``: the rows, and the same as points of ``space`` by source (``points``), so that a
+    model of that very space need not map every configuration back."""
+
+    space: Space | None = None
+    points: dict[str, dict[int, float | None]]
+
+
+class WarmStart:
+    """``sources`` mapped onto ``space``.
+
+    Parameters:
+        early: how many of the sources' best configurations ``seeds`` gives
+            by default (default ``EARLY``).
+    Raises ``WarmError`` when no source shares the space's knob names or
+    none of their configurations is a valid point of it."""
+
+    def __init__(self, space: Space, sources: Sequence[Source], early: int = EARLY):
+        if early < 0:
+            raise WarmError(f"warm start: early must be at least 0, got {early}")
+        self.space, self.early = space, early
+        self._rows: list | None = None
+        want = frozenset(space.names)
+        lookup = value_index(space)
+        self.mapped: list[_Mapped] = []
+        self.skipped: dict[str, str] = {}
+        for s in sources:
+            if s.names != want:
+                self.skipped[s.label] = (f"its knobs ({', '.join(sorted(s.names))}) are not this space's "
+                                         f"({', '.join(space.names)})")
+                continue
+            best = points_of(space, s.rows, lookup)
+            if not best:
+                self.skipped[s.label] = "none of its configurations is a valid point of this space"
+                continue
+            mp = _Mapped(s.label, np.array(list(best), dtype=np.int64), list(best.values()))
+            ok = sorted((m, n) for n, m in best.items() if m is not None)
+            mp.order = [n for _, n in ok]
+            denom = max(len(ok) - 1, 1)
+            mp.rank = {n: i / denom for i, (_, n) in enumerate(ok)}
+            for n, m in best.items():
+                if m is None:
+                    mp.rank[n] = 1.0
+            self.mapped.append(mp)
+        if not self.mapped:
+            why = "; ".join(f"{k}: {v}" for k, v in self.skipped.items()) or "no sources given"
+            raise WarmError(f"no warm-start source fits this space ({why})")
+        self.labels = [s.label for s in sources]
+        self.notes = sorted({s.note for s in sources if s.note})
+
+    # -- (a) early proposals ------------------------------------------------------
+    def order(self) -> list[int]:
+        """Every source's measured points, interleaved by rank: each source's best, then each one's second..."""
+        out, seen = [], set()
+        for tier in range(max(len(m.order) for m in self.mapped)):
+            for m in self.mapped:
+                if tier < len(m.order) and m.order[tier] not in seen:
+                    seen.add(m.order[tier])
+                    out.append(m.order[tier])
+        return out
+
+    def seeds(self, k: int | None = None) -> list[Candidate]:
+        """The first ``k`` (default ``early``) points of ``order()`` as candidates of the space."""
+        k = self.early if k is None else k
+        return [self.space.candidate(self.space.from_int(n)) for n in self.order()[:k]]
+
+    # -- (b) rows for models ----------------------------------------------------------
+    def rows(self) -> list[tuple[str, dict[str, Any], float | None]]:
+        """``(source label, config, metric)`` for every mapped point, one group per source (made once)."""
+        if self._rows is None:
+            names, knobs = self.space.names, self.space.knobs
+            self._rows = Rows((m.label, {nm: k.values[i] for nm, k, i in zip(names, knobs, self.space.from_int(n))}, v)
+                              for m in self.mapped for n, v in zip(m.ints.tolist(), m.metrics))
+            self._rows.space = self.space
+            self._rows.points = {m.label: dict(zip(m.ints.tolist(), m.metrics)) for m in self.mapped}
+        return self._rows
+
+    # -- (c) a cost model ------------------------------------------------------------
+    name = "warm-rank"
+
+    def predict(self, candidates: Sequence[Candidate]) -> list[float]:
+        """Mean rank over the sources that measured each candidate (0 best, 1 worst or failed); a
+        candidate no source measured gets 0.5."""
+        out = []
+        for c in candidates:
+            n = self.space.to_int(c.index)
+            r = [m.rank[n] for m in self.mapped if n in m.rank]
+            out.append(sum(r) / len(r) if r else 0.5)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        d = {"sources": {m.label: len(m.ints) for m in self.mapped}, "early": self.early}
+        if self.skipped:
+            d["skipped"] = dict(self.skipped)
+        if self.notes:
+            d["notes"] = self.notes
+        return d
+
+
+def kendall_weight(source: Mapping[int, float], measured: Mapping[int, float], min_pairs: int = 5) -> float | None:
+    """How well a source orders the target's measured points: Kendall's tau, clipped at 0 (a source that
+    orders them no better than chance gets no weight); None while fewer than ``min_pairs`` points are common."""
+    common = [n for n in measured if n in source]
+    if len(common) < min_pairs:
+        return None
+    from scipy.stats import kendalltau
+
+    a = [source[n] for n in common]
+    b = [measured[n] for n in common]
+    if len(set(a)) < 2 or len(set(b)) < 2:
+        return None
+    tau = kendalltau(a, b).statistic
+    return max(0.0, float(tau)) if tau == tau else None
+
+
+class Warmed(Strategy):
+    """``inner`` with a warm start: the sources' best configurations first, then ``inner``'s proposals.
+
+    ``inner`` is told every result (the early ones included) and has taken
+    the sources' rows through its ``warm_start`` (a no-op for a strategy
+    without a model). ``describe()`` is ``inner``'s with the warm start added."""
+
+    def __init__(self, inner: Strategy, warm: WarmStart, early: int | None = None):
+        super().__init__(inner.space, inner.seed, max_duplicates=inner.max_duplicates)
+        self.name = inner.name
+        self.inner, self.warm = inner, warm
+        self.taken = inner.warm_start(warm.rows())
+        self._queue = list(reversed(warm.seeds(early)))
+        self.early = len(self._queue)
+
+    def ask(self, n: int = 1) -> list[Candidate]:
+        out: list[Candidate] = []
+        while self._queue and len(out) < n:
+            self._offer(self._queue.pop(), out)
+        if len(out) < n and not self.inner.done:
+            for c in self.inner.ask(n - len(out)):
+                self._offer(c, out)  # an early proposal the inner strategy made again is not proposed twice
+        if not out and self.inner.done and not self._queue:
+            self._stop(self.inner.stop_reason)
+        return out
+
+    def tell(self, results: Sequence[Result]) -> None:
+        super().tell(results)
+        self.inner.tell(results)
+
+    def warm_start(self, rows) -> int:
+        """More rows (this device's own history) for the inner strategy's model."""
+        n = self.inner.warm_start(rows)
+        self.taken += n
+        return n
+
+    @property
+    def total_duplicates(self) -> int:  # the loop reports the strategy's duplicates
+        return self._dups + self.inner.total_duplicates
+
+    @total_duplicates.setter
+    def total_duplicates(self, v: int) -> None:
+        self._dups = v
+
+    def describe(self) -> dict:
+        return {**self.inner.describe(), "warm_start": {**self.warm.describe(), "early": self.early,
+                                                        "rows_taken_by_model": self.taken}}
+
+
+def warm_note(task: str, d: Mapping[str, Any]) -> str:
+    """One line for the run's summary: what a task's search was warm-started from (``Warmed.describe()``)."""
+    srcs = d.get("sources", {})
+    notes = "; ".join(d.get("notes", []))
+    return (f"task {task}: warm-started from {sum(srcs.values())} configurations of {len(srcs)} earlier "
+            f"tuning{'s' if len(srcs) != 1 else ''} ({notes or ', '.join(srcs)}): {d.get('early', 0)} proposed "
+            f"first, {d.get('rows_taken_by_model', 0)} taken by the model")
+
+
+def warmed(strategy: Strategy, warm: WarmStart | None, early: int | None = None) -> Strategy:
+    """``strategy`` warm-started from ``warm`` (itself when ``warm`` is None)."""
+    return strategy if warm is None else Warmed(strategy, warm, early)
+
+
+__all__ = ["EARLY", "Source", "WarmError", "WarmStart", "Warmed", "kendall_weight", "warm_note", "warmed"]
