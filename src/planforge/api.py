@@ -222,7 +222,7 @@ def tune(workload_or_module, example_inputs=None, target: str | Target | None = 
          strategy: str = "auto",
          seed: int = 0, out: str | os.PathLike | None = None, time_budget: float | None = None, keep: int = 4,
          options: dict[str, Any] | None = None, name: str | None = None, resume: bool = False,
-         executor: dict[str, Any] | None = None, scheduler: str = "gradient"):
+         executor: dict[str, Any] | None = None, scheduler: str = "gradient", warm_start=()):
     """Tune a workload the way ``planforge tune`` does, from Python; returns a ``TuneResult``.
 
     Parameters:
@@ -243,6 +243,9 @@ def tune(workload_or_module, example_inputs=None, target: str | Target | None = 
         executor: where measurements run, as ``--executor`` gives it: ``{"kind": "local", "workers": 4}`` or
             ``{"kind": "ray", "address": "auto"}`` (default None: one local worker). Slots of several device
             fingerprints tune each on its own and write a spec each (``.specs``).
+        warm_start: records databases, Kernel Tuner caches or T4 files of the same kernel tuned on other devices
+            or shapes, as ``--warm-start`` gives them (default none; ``auto`` still warm-starts from the records
+            database by itself when it holds the task under another device or a nearby shape).
     The result has ``.spec`` (the spec as a dict), ``.spec_path``, ``.report_path`` and ``.plan``
     (the chosen plan as a callable; graph workloads); ``.specs`` maps each device fingerprint tuned to its spec
     file (``spec.json`` for this machine's)."""
@@ -254,7 +257,7 @@ def tune(workload_or_module, example_inputs=None, target: str | Target | None = 
     call = f"planforge.tune({wl.name!r}, budget={budget}, strategy={strategy!r}, seed={seed})"
     return run_tune(wl, strategy=strategy, budget=Budget(evals=budget, seconds=time_budget), seed=seed, keep=keep,
                     out=out, resume=resume, command=call, executor=executor, plan_loader=load_tuned,
-                    scheduler=scheduler)
+                    scheduler=scheduler, warm_start=warm_start)
 
 
 def load_tuned(spec_path: Path, workload) -> "LoadedPlan":
