@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from planforge.search import Budget, make_strategy, search
-from planforge.search.scheduler import (Gradient, RoundRobin, TaskSearch, TaskState, compact, make_scheduler,
+from planforge.search.scheduler import (DEFAULT_WARMUP, Gradient, RoundRobin, TaskSearch, TaskState, compact, make_scheduler,
                                         schedule)
 from planforge.measure.executor import InlineExecutor
 from planforge.space import Space, int_range
@@ -97,7 +97,7 @@ def test_gradient_favours_an_improving_table_task_end_to_end(tmp_path):
     wl = workload(table_task("improving", spread(200, 1e-3, 3e-3, 7)), table_task("flat", [1.5e-3] * 200, weight=3))
     res = tune(wl, strategy="random", budget=Budget(evals=60), out=tmp_path / "g", scheduler="gradient")
     ev = res.spec["schedule"]["evaluations"]
-    assert ev["improving"] > 2 * ev["flat"] and ev["flat"] >= 4
+    assert ev["improving"] > 2 * ev["flat"] and ev["flat"] >= DEFAULT_WARMUP
     rr = tune(wl, strategy="random", budget=Budget(evals=60), out=tmp_path / "r", scheduler="round-robin")
     assert rr.spec["schedule"]["evaluations"] == {"improving": 30, "flat": 30}
     # the gradient's plan for the improving task is at least as good as round-robin's
@@ -125,7 +125,7 @@ def test_gradient_budgets_add_up(tmp_path, total):
     evals = {k: t["search"]["evaluations"] for k, t in res.spec["tasks"].items()}
     assert sum(evals.values()) == total == sched["spent"] == sum(n for _, n in sched["grants"])
     assert evals == sched["evaluations"]
-    assert all(n >= min(4, total // 3) for n in evals.values())  # the warm-up round
+    assert all(n >= min(DEFAULT_WARMUP, total // 3) for n in evals.values())  # the warm-up round
     if total == 64:  # the tiny head task (1/60 of the end-to-end time) gets the least
         assert evals["head"] < evals["attn"] and evals["head"] < evals["mlp"]
 

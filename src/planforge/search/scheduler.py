@@ -43,7 +43,7 @@ from .loop import Admission, Budget, SearchResult, Trial, search_async
 from .ranked import Ranked
 from .strategies import Strategy
 
-DEFAULT_WARMUP = 4  # evaluations each task gets before the scheduler scores it (the extracted seeds and a few more)
+DEFAULT_WARMUP = 2  # evaluations each task gets before the scheduler scores it: a graph task's two extracted seed plans
 
 
 @dataclass
