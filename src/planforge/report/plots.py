@@ -134,7 +134,7 @@ def funnel(task: dict[str, Any]) -> str | None:
     for i, (s, n) in enumerate(zip(stages, counts)):
         row = len(stages) - 1 - i
         c.hbar(row, x.lo, n, f"{s['stage']}: {fmt_si(s['count'])} points", GREEN)
-        c.text(x.lo, row, s["stage"], anchor="end", dx=-6, dy=4)
+        c.text(x.lo, row, s["stage"], anchor="end", dx=-6, dy=4, clip=False)
         c.text(n, row, fmt_si(s["count"]), dx=5, dy=4)
     return c.svg()
 
@@ -184,7 +184,7 @@ def proxy(task: dict[str, Any], k: int) -> str | None:
         (f", top-{st['k']} hit rate {_pct(st['hit_rate'])}" if st["hit_rate"] is not None else "")
     desc = (f"{task['proxy']['name']} against the measured latency of {st['n']} plans: {head}. "
             "A perfect proxy puts every point on one rising line.")
-    c = Chart(x, y, "Proxy vs measured", desc, height=380)
+    c = Chart(x, y, "Proxy vs measured", desc, height=396, top=30)
     if seconds and logx:
         lo, hi = max(x.lo, y.lo), min(x.hi, y.hi)
         c.line([lo, hi], [lo, hi], GREY, dash="5,3", title="y = x: the prediction is exact")
@@ -197,7 +197,7 @@ def proxy(task: dict[str, Any], k: int) -> str | None:
         c.point(t["proxy"], t["latency_s"], f"P{i} (proxy's #{i}) {t['label']}: {t['verdict']}", col, r=7, hollow=True,
                 opacity=1)
         c.text(t["proxy"], t["latency_s"], f"P{i}", dx=8, dy=-6, size=11, color=col)
-    c.text(x.hi, y.lo, head, anchor="end", dx=-6, dy=-8, size=12)
+    c.text(x.lo, y.hi, head, dy=-10, size=12, clip=False)  # above the plot area, clear of the points
     c.legend("measured plan", BLUE)
     if seconds and logx:
         c.legend("y = x", GREY, "dash")
@@ -272,13 +272,19 @@ def roofline(task: dict[str, Any], profile: dict[str, Any] | None) -> str | None
             + ("; the roofs were probed on a busy machine and may be low" if busy else ""))
     c = Chart(x, y, "Roofline", desc, height=380)
     grid = [x.lo * (x.hi / x.lo) ** (i / 48) for i in range(49)]
-    last = -math.inf
-    for lv, b in sorted(bws.items(), key=lambda kv: -kv[1]):  # highest roof first; labels kept 12 px apart
+    placed: list[tuple[float, float]] = []
+    for lv, b in sorted(bws.items(), key=lambda kv: -kv[1]):  # highest roof first
         c.line(grid, [min(peak, b * v) for v in grid], GREEN if lv == level else GREY, width=2 if lv == level else 1,
                dash="6,3" if busy else None, title=f"{lv} read {b / 1e9:.3g} GB/s" + (" (the task fits here)" if lv == level else ""))
-        py = max(c.py(min(peak, b * x.lo)) - 4, last + 12)
-        last = py
-        c.text(x.lo, y.lo, f"{lv} {b / 1e9:.3g} GB/s", dx=4, dy=py - c.py(y.lo), size=11,
+        x0 = max(x.lo, y.lo * 1.3 / b)  # where the roof enters the plot
+        if b * x0 >= peak:
+            continue  # its slope lies left of the plot: the peak line says it
+        px, py = c.px(x0) + 4, c.py(b * x0) - 4
+        for qx, qy in placed:  # labels kept 12 px apart
+            if abs(qx - px) < 90 and abs(qy - py) < 12:
+                py = qy + 12
+        placed.append((px, py))
+        c.text(x.lo, y.lo, f"{lv} {b / 1e9:.3g} GB/s", dx=px - c.px(x.lo), dy=py - c.py(y.lo), size=11,
                color=GREEN if lv == level else GREY)
     c.line([x.lo, x.hi], [peak, peak], RED, width=1.2, dash="6,3" if busy else None,
            title=f"peak {fmt_si(peak)}FLOP/s on {profile.get('threads')} threads")
@@ -317,7 +323,7 @@ def importance(task: dict[str, Any]) -> str | None:
     for i, n in enumerate(names):
         row = len(names) - 1 - i
         c.hbar(row, 0, imp[n], f"{labels.get(n, n)} ({n}): {_pct(imp[n])} of the gain", BLUE)
-        c.text(0, row, labels.get(n, n)[:38], anchor="end", dx=-6, dy=4, size=11)
+        c.text(0, row, labels.get(n, n)[:38], anchor="end", dx=-6, dy=4, size=11, clip=False)
         c.text(imp[n], row, _pct(imp[n]), dx=4, dy=4, size=11)
     return c.svg()
 
@@ -360,7 +366,7 @@ def parallel(task: dict[str, Any], top: int = 10, axes: int = 6) -> str | None:
             pos = vs.index(v) / max(len(vs) - 1, 1)
             c.text(i, pos, str(v)[:int(wide) - 2], dx=4, dy=4, size=10, color=GREY)
         name = labels.get(k, k)
-        c.text(i, 0, name[:int(wide)], anchor="middle", dy=22 + 14 * (i % 2), size=11)
+        c.text(i, 0, name[:int(wide)], anchor="middle", dy=22 + 14 * (i % 2), size=11, clip=False)
     for r, t in reversed(list(enumerate(best))):
         pos = [values[k].index(t["plan"].get(k)) / max(len(values[k]) - 1, 1) for k in knobs]
         shade = GREEN if r == 0 else BLUE if r < 3 else GREY
@@ -387,7 +393,7 @@ def breakdown(e2e: dict[str, Any] | None) -> str | None:
         row = len(shares) - 1 - i
         c.hbar(row, 0, s["share"], f"{s['task']} x{s['weight']}: {fmt_time(s['latency_s'])} each, {_pct(s['share'])}",
                ORANGE)
-        c.text(0, row, f"{s['task']} x{s['weight']}"[:30], anchor="end", dx=-6, dy=4, size=11)
+        c.text(0, row, f"{s['task']} x{s['weight']}"[:30], anchor="end", dx=-6, dy=4, size=11, clip=False)
         c.text(s["share"], row, f"{_pct(s['share'])} ({fmt_time(s['latency_s'])} each)", dx=4, dy=4, size=11)
     return c.svg()
 

@@ -8,6 +8,7 @@ description (what the plot shows, not just what it is).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from html import escape
@@ -92,6 +93,7 @@ class Chart:
     top: int = 14
     bottom: int = 46
     parts: list[str] = field(default_factory=list)
+    overlay: list[str] = field(default_factory=list)  # drawn over the plot, not clipped to it
     legend_items: list[tuple[str, str, str]] = field(default_factory=list)
 
     def px(self, v: float) -> float:
@@ -145,8 +147,9 @@ class Chart:
                           f'height="{thick}" fill="{color}"><title>{_e(title)}</title></rect>')
 
     def text(self, x: float, y: float, s: str, anchor: str = "start", size: int = 12, color: str = INK,
-             dx: float = 0, dy: float = 0) -> None:
-        self.parts.append(f'<text x="{self.px(x) + dx:.1f}" y="{self.py(y) + dy:.1f}" font-size="{size}" '
+             dx: float = 0, dy: float = 0, clip: bool = True) -> None:
+        """Text at (x, y) offset by (dx, dy) pixels; ``clip=False`` lets it stand outside the plot area."""
+        (self.parts if clip else self.overlay).append(f'<text x="{self.px(x) + dx:.1f}" y="{self.py(y) + dy:.1f}" font-size="{size}" '
                           f'text-anchor="{anchor}" fill="{color}">{_e(s)}</text>')
 
     def legend(self, label: str, color: str, shape: str = "circle") -> None:
@@ -200,7 +203,14 @@ class Chart:
 
     def svg(self) -> str:
         legend, extra = self._legend()
-        body = "".join(self._axes() + self.parts + legend)
+        marks = "".join(self.parts)
+        # marks are clipped to the plot area (a roof drawn past the axes); the id is the content's, so that two
+        # plots on one page never share one and the same data renders the same bytes
+        cid = "clip" + hashlib.sha1(f"{self.title}{marks}".encode()).hexdigest()[:12]
+        w, h = self.width - self.left - self.right, self.height - self.top - self.bottom
+        clip = (f'<clipPath id="{cid}"><rect x="{self.left - 8}" y="{self.top - 8}" width="{w + 16}" '
+                f'height="{h + 16}"/></clipPath>')
+        body = "".join(self._axes()) + clip + f'<g clip-path="url(#{cid})">{marks}</g>' + "".join(self.overlay + legend)
         return (f'<svg viewBox="0 0 {self.width} {self.height + extra}" role="img" '
                 f'width="100%" style="max-width:{self.width}px" font-family="system-ui, sans-serif">'
                 f"<title>{_e(self.title)}</title><desc>{_e(self.desc)}</desc>{body}</svg>")
