@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import math
+import random
 import statistics
 import sys
 import tempfile
@@ -144,6 +145,40 @@ def score(rec: dict, budgets: list[int]) -> list[dict]:
     return rows
 
 
+def synthetic(families: int, seeds: int = 5, length: int = 200, seed: int = 1) -> list[dict]:
+    """Recordings of random-search tasks: 3-8 tasks per family, weights 1-6, each task's plans iid with
+    log-latency |N(0, sigma)| above its best (base e^U(-1, 2), sigma U(0.1, 1.5)) and a failure rate of 0,
+    2% or 10%."""
+    rng = random.Random(seed)
+    out = []
+    for f in range(families):
+        tasks = {f"t{i}": rng.randint(1, 6) for i in range(rng.randint(3, 8))}
+        params = {t: (math.exp(rng.uniform(-1, 2)), rng.uniform(0.1, 1.5), rng.choice([0.0, 0.02, 0.1]))
+                  for t in tasks}
+        recs = []
+        for _ in range(seeds):
+            r = random.Random(rng.random())
+            recs.append({t: [None if r.random() < fail else base * math.exp(abs(r.gauss(0, sig)))
+                             for _ in range(length)] for t, (base, sig, fail) in params.items()})
+        out.append({"model": f"synthetic-{f}", "tasks": tasks, "per_task": length, "seeds": recs})
+    return out
+
+
+def synthetic_table(recs: list[dict], per_task: list[int]) -> str:
+    """Mean over families of (gradient's mean evaluations to within 5%) / (round-robin's), per budget."""
+    lines = ["| budget per task | gradient / round-robin (mean over families) | hindsight / round-robin |",
+             "| ---: | ---: | ---: |"]
+    for n in per_task:
+        g, h = [], []
+        for rec in recs:
+            r = score(rec, [n * len(rec["tasks"])])[0]["need"]
+            rr = statistics.mean(r["round-robin"])
+            g.append(statistics.mean(r["gradient"]) / rr)
+            h.append(statistics.mean(r["hindsight"]) / rr)
+        lines.append(f"| {n} | {statistics.mean(g):.3f} | {statistics.mean(h):.3f} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| model | budget | gradient: median (per seed) | round-robin | hindsight optimum | gradient / rr | "
              "hindsight / rr |", "| --- | ---: | --- | --- | --- | ---: | ---: |"]
@@ -163,7 +198,12 @@ def main(argv=None) -> None:
     ap.add_argument("--save", type=Path, help="write the recording (JSON, one per model: NAME in the path "
                                                 "is replaced by the model)")
     ap.add_argument("--load", type=Path, nargs="*", default=[], help="replay saved recordings instead of measuring")
+    ap.add_argument("--synthetic", type=int, default=0, metavar="N",
+                    help="replay N synthetic families of random-search tasks instead (budgets 10, 20, 40 per task)")
     a = ap.parse_args(argv)
+    if a.synthetic:
+        print(synthetic_table(synthetic(a.synthetic), [10, 20, 40]))
+        return
     recs = [json.loads(p.read_text()) for p in a.load]
     if not recs:
         names = [m.strip() for m in a.models.split(",") if m.strip()]

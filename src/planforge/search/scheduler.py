@@ -133,10 +133,12 @@ class Gradient:
 
     alpha 0.2 and the backward window are Ansor's. Chosen by replaying recorded per-task curves through
     ``schedule`` (a task's strategy proposes the same plans whatever its grants, so the curves of one
-    measured run replay any allocation): on 30 synthetic families of 3-8 random-search tasks (shares 2-50%,
-    5 seeds each) it reached within 5% of the reference in 0.88-0.90x round-robin's mean evaluations
-    (best / n times a median-spread factor, the earlier hope: 0.93-0.96x), and it did no worse on the
-    transformer's recorded curves; see docs/benchmarks.md for the models.
+    measured run replay any allocation; ``bench/scheduler_replay.py``): on 30 synthetic families of 3-8
+    random-search tasks (shares 2-50%, 5 seeds each; ``--synthetic 30``), with the 2-evaluation warm-up, it
+    reached within 5% of the reference in 0.84-0.88x round-robin's mean evaluations, where the hindsight
+    optimum needs 0.48-0.55x (the earlier hope, best / n times a median-spread factor, with a 4-evaluation
+    warm-up: about 0.95x); on the recorded curves of the zoo's transformer-6 and a ResNet-shaped residual
+    MLP, see docs/benchmarks.md.
 
     Parameters:
         alpha: weight of the slope against the hope (default 0.2).
