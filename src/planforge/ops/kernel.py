@@ -9,6 +9,8 @@ Triton templates implement the same problems.
 - ``Problem("gemv", (N, K), epilogue)``: the same for one row;
 - ``Problem("softmax" | "layernorm", (rows, cols))``: row-wise over the last axis;
 - ``Problem("eltwise", (rows, cols), chain)``: a chain of elementwise steps;
+- ``Problem("conv" | "dwconv", (N, C, H, W, O, KH, KW, SH, SW, PT, PL, PB, PR, DH, DW, G), epilogue)``: a direct
+  (resp. depthwise) convolution; the epilogue is ``layout/form/chain`` (see ``conv_epilogue``);
 - ``MlpProblem(layers)``: consecutive GEMV layers ``(K, N, act)`` fused into one kernel.
 
 GEMM epilogues are ``none``, ``bias`` and ``bias_<op>`` for every op of the
@@ -22,7 +24,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-KERNELS = {"gemm": "M,N,K", "gemv": "N,K", "softmax": "rows,cols", "layernorm": "rows,cols", "eltwise": "rows,cols"}
+_CONV_DIMS = "N,C,H,W,O,KH,KW,SH,SW,PT,PL,PB,PR,DH,DW,G"
+KERNELS = {"gemm": "M,N,K", "gemv": "N,K", "softmax": "rows,cols", "layernorm": "rows,cols", "eltwise": "rows,cols",
+           "conv": _CONV_DIMS, "dwconv": _CONV_DIMS}
+MAY_BE_ZERO = {"PT", "PL", "PB", "PR"}  # a convolution's padding
 
 
 class ProblemError(ValueError):
@@ -92,8 +97,11 @@ class Problem:
             raise ProblemError(f"unknown op {self.op!r}; known: {', '.join(KERNELS)}")
         names = KERNELS[self.op]
         want = names.count(",") + 1
-        if len(self.dims) != want or not all(isinstance(d, int) and d >= 1 for d in self.dims):
+        low = [0 if n in MAY_BE_ZERO else 1 for n in names.split(",")]
+        if len(self.dims) != want or not all(isinstance(d, int) and d >= lo for d, lo in zip(self.dims, low)):
             raise ProblemError(f"{self.op} needs {want} positive integer sizes ({names}), got {self.dims}")
+        if self.op in ("conv", "dwconv"):
+            conv_epilogue(self)
         if self.op in ("gemm", "gemv") and self.epilogue not in gemm_epilogues():
             raise ProblemError(f"unknown epilogue {self.epilogue!r}; choose one of {', '.join(gemm_epilogues())}")
         if self.op == "eltwise":
@@ -119,6 +127,9 @@ class Problem:
     @property
     def reduction(self) -> int:
         """Length of the longest sum behind one output (sets the tolerance)."""
+        if self.op in ("conv", "dwconv"):
+            N, C, H, W, O, KH, KW = self.dims[:7]
+            return C // self.dims[15] * KH * KW
         return self.dims[2] if self.op == "gemm" else self.dims[1]
 
 
@@ -152,6 +163,31 @@ class MlpProblem:
     @property
     def reduction(self) -> int:
         return max(k for k, _, _ in self.layers)
+
+
+CONV_FORMS = ("w", "wb", "wss", "packed")
+
+
+def conv_epilogue(p) -> tuple[str, str, list[str]]:
+    """(layout, form, chain steps) of a convolution problem's epilogue ``layout/form/chain``: layout ``nchw`` or
+    ``nhwc``; form: the operands after ``x`` (``w``; ``wb`` a bias; ``wss`` a [2, O] scale and shift; ``packed``
+    ``conv_pack``'s [O, Cg*KH*KW + 2], then a residual); chain: ``none`` or activations and ``add`` joined by ``_``."""
+    parts = p.epilogue.split("/")
+    if len(parts) != 3 or parts[0] not in ("nchw", "nhwc") or parts[1] not in CONV_FORMS:
+        raise ProblemError(f"convolution epilogue {p.epilogue!r}: expected layout/form/chain, layout nchw|nhwc, "
+                           f"form {'|'.join(CONV_FORMS)}")
+    steps = [] if parts[2] == "none" else parts[2].split("_")
+    acts = activations()
+    bad = [s for s in steps if s != "add" and s not in acts]
+    if bad or (("add" in steps) != (parts[1] == "packed")) or steps.count("add") > 1:
+        raise ProblemError(f"convolution epilogue {p.epilogue!r}: steps must be activations ({', '.join(acts)}) "
+                           f"and one 'add' exactly when the form is 'packed'")
+    N, C, H, W, O, KH, KW, SH, SW, PT, PL, PB, PR, DH, DW, G = p.dims
+    if C % G or O % G or (p.op == "dwconv" and not G == C == O):
+        raise ProblemError(f"{p.op}: channels {C} -> {O} do not fit groups={G}")
+    if (H + PT + PB - DH * (KH - 1) - 1) < 0 or (W + PL + PR - DW * (KW - 1) - 1) < 0:
+        raise ProblemError(f"{p.op}: a {KH}x{KW} kernel does not fit a padded {H}x{W} input")
+    return parts[0], parts[1], steps
 
 
 def eltwise_kernel(name: str):
@@ -189,5 +225,5 @@ def problem_from_json(d: dict[str, Any]) -> Problem | MlpProblem:
     return Problem(d["op"], tuple(d["dims"]), d.get("epilogue", "none"))
 
 
-__all__ = ["KERNELS", "MlpProblem", "Problem", "ProblemError", "activations", "chain_steps", "eltwise_kernel", "epilogue_of_act",
+__all__ = ["CONV_FORMS", "KERNELS", "MlpProblem", "Problem", "ProblemError", "activations", "chain_steps", "conv_epilogue", "eltwise_kernel", "epilogue_of_act",
            "gemm_epilogues", "parse_chain", "problem_from_json", "rowwise_kernel"]

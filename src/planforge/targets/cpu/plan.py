@@ -48,6 +48,8 @@ def template_step(problem, knobs: dict, lib: ctypes.CDLL, ins: list[np.ndarray],
     """Bind a compiled template to arena views, naming the inputs as its problem's ``make_inputs`` does."""
     t = TEMPLATES[problem.op]
     op = problem.op
+    if t.plan_inputs is not None:
+        return t.bind(lib, problem, knobs, t.plan_inputs(problem, ins), out)
     if op == "mlp":
         ws, bs = layer_params
         return t.bind(lib, problem, knobs, {"x": ins[0].reshape(-1), "weights": ws, "biases": bs}, out.reshape(-1))

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ....ops.kernel import MlpProblem, Problem, ProblemError, problem_from_json
 from ....space import Space
-from . import gemm, gemv, mlp, qgemv, rowwise
+from . import conv, gemm, gemv, mlp, qgemv, rowwise
 from .problem import LIBRARIES, OPS, available_libraries, check, flops, make_inputs, min_bytes, output_shape, \
     reference, tolerance
 
@@ -55,6 +55,8 @@ class Template:
     reference_inputs: Callable[[Any, dict, dict], "tuple[str, Callable[[], dict]] | None"] | None = None
     # the quantised variants its candidates may take on a machine (``planforge.quant.variant``); None: fp32 only
     variants: Callable[[Limits], tuple[str, ...]] | None = None
+    # a plan step's operands (e-node order) -> the named inputs ``bind`` takes; None: the plan names them by kind
+    plan_inputs: Callable[[Any, list], dict] | None = None
 
     def openmp(self, knobs: dict) -> bool:
         return self.openmp_threads and knobs.get("threads", 1) > 1
@@ -91,6 +93,8 @@ TEMPLATES: dict[str, Template] = {
         defaults=_gemm_defaults,
         source=lambda p, k: gemm.source(k, p.epilogue),
         bind=lambda lib, p, k, i, out: gemm.bind(lib, k, i["A"], i["B"], i.get("bias"), out),
+        reference_inputs=lambda p, k, i: qgemv.reference_inputs(k, i, "B"),
+        variants=lambda lim: qgemv.variants(lim, activations=False),  # B widened as it is packed: fp32 A
     ),
     "gemv": Template(
         "gemv",
@@ -118,6 +122,8 @@ TEMPLATES: dict[str, Template] = {
         bind=lambda lib, p, k, i, out: rowwise.bind(
             lib, k, i["x"], out, i.get("gamma", i.get("bias")), i.get("beta", i.get("res"))),
     ) for op in ("softmax", "layernorm", "eltwise")},
+    **{op: Template(op, space=conv.space, defaults=conv.defaults, source=conv.source, bind=conv.bind,
+                    plan_inputs=conv.plan_inputs) for op in ("conv", "dwconv")},
 }
 
 
@@ -158,7 +164,10 @@ def quant_space(problem, lim: Limits, variants: tuple[str, ...]) -> Space:
         raise ProblemError(f"the {problem.op} template runs {', '.join(quant_variants(problem, lim))}, not "
                            f"{', '.join(extra)}")
     space = TEMPLATES[problem.op].space(problem, lim)
-    return qgemv.with_formats(space, tuple(variants), lim.dot_i8_lanes) if set(variants) - {"fp32"} else space
+    if not set(variants) - {"fp32"}:
+        return space
+    return qgemv.with_formats(space, tuple(variants), lim.dot_i8_lanes,
+                              "pack_b == 1" if problem.op == "gemm" else "w_layout == 'packed'")
 
 
 def default_knobs(problem, lim: Limits) -> dict[str, Any]:

@@ -1,0 +1,497 @@
+"""Convolution templates in NHWC: direct (``conv``, any groups) and depthwise (``dwconv``), fp32.
+
+Both copy the input once per call into a zero-bordered NHWC scratch (padding and, for an NCHW problem,
+the layout change fused into that one pass), so the register tiles run without a bounds check; a
+problem in NCHW also reads its residual through an NHWC copy and writes its output back transposed
+(the e-graph's NHWC forms avoid both). Weights are packed when the kernel is bound (load time):
+``conv`` as [G][KH][KW][Cg][Og rounded up to the vector width], ``dwconv`` as [KH][KW][C rounded up].
+
+``conv``: per output row, tiles of ``owb`` output columns x ``ob`` vectors of output channels kept in
+registers; the input channels run in blocks of ``cb`` (a block's weights stay in cache while the row's
+tiles reuse them; partial sums wait in a per-thread row buffer between blocks); the channel loop is
+unrolled by ``unroll``; rows are split over ``threads``. ``dwconv``: tiles of ``owb`` columns x ``cbv``
+vectors of channels. Both apply the per-channel scale and shift (bias, or a batch norm), then the
+epilogue chain (activations from the op registry's snippets, a residual add) in registers.
+Compile-time knobs: vec, ob/cbv, owb, unroll, the problem's geometry; runtime: cb, threads.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any
+
+import numpy as np
+
+from ....ops import REGISTRY
+from ....ops.conv2d import conv_ref, geom_attrs
+from ....ops.conv_fused import apply_act, unpack
+from ....ops.kernel import activations, conv_epilogue
+from ....space import Space, categorical, pow2
+from .common import header, struct_call
+from .epilogues import U32
+from .facts import Facts
+
+
+# floats past the end of every packed buffer: a tile's last vectors may read (never use) up to 4 x 16 beyond
+SLACK = 256
+
+
+class ConvArgs(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_void_p) for n in ("x", "w", "scale", "shift", "res", "y", "xp", "rt", "yt")] + \
+               [(n, ctypes.c_int) for n in ("cb", "threads")]
+
+
+def geometry(p) -> dict[str, int]:
+    N, C, H, W, O, KH, KW, SH, SW, PT, PL, PB, PR, DH, DW, G = p.dims
+    OH = (H + PT + PB - DH * (KH - 1) - 1) // SH + 1
+    OW = (W + PL + PR - DW * (KW - 1) - 1) // SW + 1
+    return dict(N=N, C=C, H=H, W=W, O=O, KH=KH, KW=KW, SH=SH, SW=SW, PT=PT, PL=PL, PB=PB, PR=PR, DH=DH, DW=DW, G=G,
+                OH=OH, OW=OW, Cg=C // G, Og=O // G)
+
+
+def _vecs(lim) -> tuple[int, ...]:
+    return tuple(v for v in (4, 8, 16) if v <= lim.vector_lanes) or (1,)
+
+
+def space(p, lim) -> Space:
+    """The knob space of a convolution problem on a machine (vector widths from its ISA, blocks from its caches)."""
+    g = geometry(p)
+    consts = {"ow": g["OW"], "og": g["Og"], "cg": g["Cg"], "c": g["C"], "k": g["KH"] * g["KW"],
+              "vregs": lim.vector_registers, "l1_bytes": lim.caches["L1d"], "l2_bytes": lim.caches["L2"],
+              "rows": g["N"] * g["OH"]}
+    common = [categorical("vec", _vecs(lim)), categorical("owb", (1, 2, 3, 4, 6, 8)), categorical("unroll", (1, 2, 4)),
+              categorical("threads", tuple(range(1, lim.physical_cores + 1)))]
+    shared = ["owb <= max(1, ow)", "threads <= rows"]
+    if p.op == "dwconv":
+        return Space([*common, categorical("cbv", (1, 2, 3, 4))],
+                     [*shared, "owb * cbv + 2 * cbv + 1 <= vregs", "cbv * vec <= max(vec, c + vec - 1)"],
+                     constants=consts)
+    return Space([*common, categorical("ob", (1, 2, 3, 4)), pow2("cb", 8, 1024)],
+                 [*shared,
+                  # accumulators + weight vectors + one broadcast input in the register file
+                  "owb * ob + ob + 1 <= vregs",
+                  # no vector block wider than a group's output channels call for
+                  "ob * vec <= max(vec, og + vec - 1)",
+                  # one block's weights for one tile stay in L1, the row's partial sums in L2
+                  "cb * k * ob * vec * 4 <= l1_bytes or cb == 8",
+                  "(ow + owb) * og * 4 <= l2_bytes",
+                  "cb < 2 * cg or cb == 8"],
+                 constants=consts)
+
+
+def defaults(p, lim) -> dict[str, Any]:
+    g = geometry(p)
+    vec = max(_vecs(lim))
+    rows = g["N"] * g["OH"]
+    big = 2.0 * g["N"] * g["OH"] * g["OW"] * g["O"] * g["Cg"] * g["KH"] * g["KW"] >= 2e7
+    threads = min(lim.physical_cores, rows) if big else 1
+    if p.op == "dwconv":
+        return {"vec": vec, "owb": min(4, max(1, g["OW"])), "cbv": 1, "unroll": 1, "threads": threads}
+    ob = 2 if g["Og"] > vec else 1
+    owb = max(x for x in (1, 2, 3, 4, 6) if x * ob + ob + 1 <= lim.vector_registers and x <= max(1, g["OW"]))
+    cb = 8
+    while cb * 2 <= 1024 and cb < g["Cg"] and cb * 2 * g["KH"] * g["KW"] * ob * vec * 4 <= lim.caches["L1d"]:
+        cb *= 2
+    return {"vec": vec, "owb": owb, "ob": ob, "cb": cb, "unroll": 2, "threads": threads}
+
+
+# -- C ------------------------------------------------------------------------------------------------------------
+
+def _steps_c(steps: list[str]) -> tuple[str, str]:
+    """(vector, scalar) C of the epilogue chain, each step its op's snippet (``add``: the residual at ``res + c``)."""
+    acts = activations()
+    vec, sc = [], []
+    for s in steps:
+        op = REGISTRY["add" if s == "add" else acts[s]]
+        vec.append(op.epilogue.vec)
+        sc.append(op.epilogue.scalar)
+    return " ".join(vec), " ".join(sc)
+
+
+def _defs(p, knobs) -> str:
+    g = geometry(p)
+    layout, form, steps = conv_epilogue(p)
+    V = knobs["vec"]
+    cp = -(-g["C"] // V) * V if p.op == "dwconv" else g["C"]
+    ogp = -(-g["Og"] // V) * V
+    owp = -(-g["OW"] // knobs["owb"]) * knobs["owb"]
+    wp = max(g["W"] + g["PL"] + g["PR"], (owp - 1) * g["SW"] + (g["KW"] - 1) * g["DW"] + 1)
+    hp = g["H"] + g["PT"] + g["PB"]
+    d = {**g, "V": V, "CP": cp, "OGP": ogp, "OWP": owp, "WP": wp, "HP": hp, "NCHW": int(layout == "nchw"),
+         "RES": int("add" in steps), "OWB": knobs["owb"]}
+    return "".join(f"#define {k} {v}\n" for k, v in d.items())
+
+
+_COPY = r"""
+/* the input into the zero-bordered NHWC scratch (channels padded to CP): padding and layout in one pass */
+static void copy_in(const float *x, float *xp, int threads) {
+#ifdef _OPENMP
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (threads > 1)
+#endif
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < H; h++) {
+            float *dst = xp + (((long)n * HP + h + PT) * WP + PL) * CP;
+            if (NCHW) {
+                for (int w = 0; w < W; w++)
+                    for (int c = 0; c < C; c++) dst[(long)w * CP + c] = x[(((long)n * C + c) * H + h) * W + w];
+            } else if (CP == C) {
+                memcpy(dst, x + ((long)n * H + h) * W * C, (size_t)W * C * sizeof(float));
+            } else {
+                for (int w = 0; w < W; w++) memcpy(dst + (long)w * CP, x + (((long)n * H + h) * W + w) * C, C * 4);
+            }
+        }
+    (void)threads;
+}
+
+/* NCHW <-> NHWC for a residual read and the output written back */
+static void to_nhwc(const float *src, float *dst, int ch, int hw, int threads) {
+#ifdef _OPENMP
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < ch; c++)
+            for (int i = 0; i < hw; i++) dst[((long)n * hw + i) * ch + c] = src[((long)n * ch + c) * hw + i];
+    (void)threads;
+}
+
+static void to_nchw(const float *src, float *dst, int ch, int hw, int threads) {
+#ifdef _OPENMP
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < ch; c++)
+            for (int i = 0; i < hw; i++) dst[((long)n * ch + c) * hw + i] = src[((long)n * hw + i) * ch + c];
+    (void)threads;
+}
+"""
+
+
+def _store(acc: str, y: str, ch: str, lanes: str, vec_ops: str, sc_ops: str) -> str:
+    """Scale, shift, the chain and the store of one accumulator vector at output offset ``y``, channel ``ch``;
+    ``lanes`` valid channels (fewer in a tail vector, which goes lane by lane)."""
+    return f"""{{
+        long off = {y}; int ch = {ch}, nl = {lanes};
+        vf v = {acc} * vload(scale + ch) + vload(shift + ch);
+        if (nl >= V) {{ const float *res = R; long c = off; (void)res; (void)c; {vec_ops} vstore(Y + off, v); }}
+        else {{ float t[V]; vstore(t, v);
+            for (int l = 0; l < nl; l++) {{ const float *res = R; long c = off + l; (void)res; (void)c; float v = t[l];
+                {sc_ops} Y[off + l] = v; }} }}
+    }}"""
+
+
+def _tile_conv(ob: int, owb: int, unroll: int, vec_ops: str, sc_ops: str) -> str:
+    acc = "\n".join("        " + " ".join(f"vf a{i}_{j};" for j in range(ob)) for i in range(owb))
+    init = "\n".join(f"            a{i}_{j} = first ? vset(0.0f) : vload(part + (long)(ow0 + {i}) * GOP + gch + {j} * V);"
+                     for i in range(owb) for j in range(ob))
+    body = []
+    for j in range(ob):
+        body.append(f"vf w{j} = vload(wk + (long)c * OGP + {j} * V);")
+    for i in range(owb):
+        body.append(f"{{ vf xv = vset(xk[(long){i} * SW * CP + c]); " +
+                    " ".join(f"a{i}_{j} = xv * w{j} + a{i}_{j};" for j in range(ob)) + " }")
+    keep = "\n".join(f"                vstore(part + (long)(ow0 + {i}) * GOP + gch + {j} * V, a{i}_{j});"
+                     for i in range(owb) for j in range(ob))
+    stores = "\n".join(
+        f"                if (ow0 + {i} < OW) " +
+        _store(f"a{i}_{j}", f"(((long)n * OH + oh) * OW + ow0 + {i}) * O + g * Og + o0 + {j} * V",
+               f"g * OGP + o0 + {j} * V", f"Og - o0 - {j} * V", vec_ops, sc_ops)
+        for i in range(owb) for j in range(ob))
+    return f"""
+/* one output row: tiles of OWB columns x OB channel vectors, input channels in blocks of cb */
+static void row(const float *xp, const float *w, const float *scale, const float *shift, const float *R, float *Y,
+                float *part, int n, int oh, int cb) {{
+    const int GOP = G * OGP + {ob} * V;  /* a column's partial sums, with room for the last block's overhang */
+{acc}
+    for (int c0 = 0; c0 < Cg; c0 += cb) {{
+        int c1 = c0 + cb < Cg ? c0 + cb : Cg, first = c0 == 0, last = c1 >= Cg;
+        for (int g = 0; g < G; g++)
+        for (int o0 = 0; o0 < Og; o0 += {ob} * V) {{
+            int gch = g * OGP + o0;
+            for (int ow0 = 0; ow0 < OW; ow0 += OWB) {{
+{init}
+                for (int kh = 0; kh < KH; kh++) {{
+                    const float *xr = xp + (((long)n * HP + (long)oh * SH + kh * DH) * WP + (long)ow0 * SW) * CP + g * Cg;
+                    for (int kw = 0; kw < KW; kw++) {{
+                        const float *xk = xr + (long)kw * DW * CP;
+                        const float *wk = w + (((long)(g * KH + kh) * KW + kw) * Cg) * OGP + o0;
+                        #pragma GCC unroll {unroll}
+                        for (int c = c0; c < c1; c++) {{
+                            {" ".join(body)}
+                        }}
+                    }}
+                }}
+                if (!last) {{
+{keep}
+                    continue;
+                }}
+{stores}
+            }}
+        }}
+    }}
+}}
+"""
+
+
+def _tile_dw(cbv: int, owb: int, unroll: int, vec_ops: str, sc_ops: str) -> str:
+    decl = "\n".join("        " + " ".join(f"vf a{i}_{j} = vset(0.0f);" for j in range(cbv)) for i in range(owb))
+    body = []
+    for j in range(cbv):
+        body.append(f"vf w{j} = vload(wk + {j} * V);")
+    for i in range(owb):
+        body.append(" ".join(f"a{i}_{j} = vload(xk + (long){i} * SW * CP + {j} * V) * w{j} + a{i}_{j};"
+                             for j in range(cbv)))
+    stores = "\n".join(
+        f"            if (ow0 + {i} < OW) " +
+        _store(f"a{i}_{j}", f"(((long)n * OH + oh) * OW + ow0 + {i}) * C + c0 + {j} * V", f"c0 + {j} * V",
+               f"C - c0 - {j} * V", vec_ops, sc_ops)
+        for i in range(owb) for j in range(cbv))
+    return f"""
+/* one output row of a depthwise convolution: tiles of OWB columns x CBV channel vectors */
+static void row(const float *xp, const float *w, const float *scale, const float *shift, const float *R, float *Y,
+                float *part, int n, int oh, int cb) {{
+    (void)part; (void)cb;
+    for (int c0 = 0; c0 < C; c0 += {cbv} * V) {{
+        for (int ow0 = 0; ow0 < OW; ow0 += OWB) {{
+{decl}
+            for (int kh = 0; kh < KH; kh++) {{
+                const float *xr = xp + (((long)n * HP + (long)oh * SH + kh * DH) * WP + (long)ow0 * SW) * CP + c0;
+                #pragma GCC unroll {unroll}
+                for (int kw = 0; kw < KW; kw++) {{
+                    const float *xk = xr + (long)kw * DW * CP;
+                    const float *wk = w + ((long)kh * KW + kw) * CP + c0;
+                    {" ".join(body)}
+                }}
+            }}
+{stores}
+        }}
+    }}
+}}
+"""
+
+
+_MAIN = r"""
+typedef struct { const float *x, *w, *scale, *shift, *res; float *y, *xp, *rt, *yt; int cb, threads; } conv_args;
+
+static __thread float *buf_part;
+static __thread size_t cap_part;
+
+void pf_conv(const conv_args *a) {
+    copy_in(a->x, a->xp, a->threads);
+    const float *R = a->res;
+    float *Y = a->y;
+    if (NCHW && RES) { to_nhwc(a->res, a->rt, O, OH * OW, a->threads); R = a->rt; }
+    if (NCHW) Y = a->yt;
+#ifdef _OPENMP
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(a->threads) if (a->threads > 1)
+#endif
+    for (int n = 0; n < N; n++)
+        for (int oh = 0; oh < OH; oh++) {
+            float *part = PART ? scratch(&buf_part, &cap_part, (size_t)(OWP + OWB + 1) * (G * OGP + 4 * V) + SLACK) : NULL;
+            row(a->xp, a->w, a->scale, a->shift, R, Y, part, n, oh, a->cb);
+        }
+    if (NCHW) to_nchw(a->yt, a->y, O, OH * OW, a->threads);
+}
+"""
+
+
+def source(p, knobs: dict[str, Any]) -> str:
+    _, _, steps = conv_epilogue(p)
+    vec_ops, sc_ops = _steps_c(steps)
+    if p.op == "dwconv":
+        tile = _tile_dw(knobs["cbv"], knobs["owb"], knobs["unroll"], vec_ops, sc_ops)
+    else:
+        tile = _tile_conv(knobs["ob"], knobs["owb"], knobs["unroll"], vec_ops, sc_ops)
+    part = int(p.op == "conv" and knobs.get("cb", 1 << 30) < geometry(p)["Cg"])
+    return _defs(p, knobs) + f"#define PART {part}\n#define SLACK {SLACK}\n" + header() + _COPY + tile + _MAIN
+
+
+# -- binding: weights packed at load time ---------------------------------------------------------------------------
+
+def canonical(p, ins: dict) -> dict:
+    """The inputs of a plan's step as the template reads them: ``x``, ``w`` [O, Cg, KH, KW], ``scale`` and
+    ``shift`` [O], ``res`` (from any operand form: ``w``, ``wb``, ``wss``, ``packed``)."""
+    _, form, _ = conv_epilogue(p)
+    g = geometry(p)
+    O = g["O"]
+    out = {"x": ins["x"]}
+    if form == "packed":
+        w, scale, shift = unpack(ins["w"], (O, g["Cg"], g["KH"], g["KW"]))
+        out.update(w=w, scale=scale, shift=shift, res=ins["res"])
+        return out
+    out["w"] = ins["w"]
+    out["scale"] = ins["ss"][0] if form == "wss" else np.ones(O, np.float32)
+    out["shift"] = ins["ss"][1] if form == "wss" else ins["b"] if form == "wb" else np.zeros(O, np.float32)
+    return out
+
+
+def plan_inputs(p, ins: list) -> dict:
+    """A plan step's operands (in e-node order) by name."""
+    _, form, _ = conv_epilogue(p)
+    d = {"x": ins[0], "w": ins[1]}
+    if form == "wb":
+        d["b"] = ins[2]
+    elif form == "wss":
+        d["ss"] = ins[2]
+    elif form == "packed":
+        d["res"] = ins[2]
+    return canonical(p, d)
+
+
+def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
+    g = geometry(p)
+    V = knobs["vec"]
+    N, C, O, KH, KW, G, Cg, Og = (g[k] for k in ("N", "C", "O", "KH", "KW", "G", "Cg", "Og"))
+    w = np.asarray(inputs["w"], np.float32).reshape(O, Cg, KH, KW)
+    scale = np.asarray(inputs["scale"], np.float32).reshape(O)
+    shift = np.asarray(inputs["shift"], np.float32).reshape(O)
+    if p.op == "dwconv":
+        cp = -(-C // V) * V
+        wp = np.zeros(KH * KW * cp + SLACK, np.float32)
+        wp[:KH * KW * cp].reshape(KH, KW, cp)[:, :, :C] = np.transpose(w[:, 0], (1, 2, 0))
+        sc, sh = (np.zeros(cp + SLACK, np.float32) for _ in range(2))
+        sc[:C], sh[:C] = scale, shift
+    else:
+        cp, ogp = C, -(-Og // V) * V
+        n = G * KH * KW * Cg * ogp
+        wp = np.zeros(n + SLACK, np.float32)
+        wp[:n].reshape(G, KH, KW, Cg, ogp)[..., :Og] = np.transpose(w.reshape(G, Og, Cg, KH, KW), (0, 3, 4, 2, 1))
+        sc, sh = (np.zeros(G * ogp + SLACK, np.float32) for _ in range(2))
+        for k in range(G):
+            sc[k * ogp: k * ogp + Og] = scale[k * Og:(k + 1) * Og]
+            sh[k * ogp: k * ogp + Og] = shift[k * Og:(k + 1) * Og]
+    owp = -(-g["OW"] // knobs["owb"]) * knobs["owb"]
+    wpad = max(g["W"] + g["PL"] + g["PR"], (owp - 1) * g["SW"] + (KW - 1) * g["DW"] + 1)
+    xp = np.zeros(N * (g["H"] + g["PT"] + g["PB"]) * wpad * cp + SLACK, np.float32)
+    layout, _, steps = conv_epilogue(p)
+    nchw = layout == "nchw"
+    res = inputs.get("res")
+    rt = np.empty(out.size, np.float32) if nchw and res is not None else None
+    yt = np.empty(out.size, np.float32) if nchw else None
+    ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
+    args = ConvArgs(ptr(inputs["x"]), ptr(wp), ptr(sc), ptr(sh), ptr(res), ptr(out), ptr(xp), ptr(rt), ptr(yt),
+                    int(knobs.get("cb", 1 << 20)), int(knobs["threads"]))
+    return struct_call(lib.pf_conv, args, (inputs, wp, sc, sh, xp, rt, yt, out))
+
+
+# -- the conv problem's facts ---------------------------------------------------------------------------------------
+
+def _attrs(p) -> dict:
+    return geom_attrs(",".join(map(str, (*p.dims[5:7], *p.dims[7:16]))))
+
+
+def _x_shape(p):
+    g = geometry(p)
+    layout, _, _ = conv_epilogue(p)
+    return (g["N"], g["C"], g["H"], g["W"]) if layout == "nchw" else (g["N"], g["H"], g["W"], g["C"])
+
+
+def output_shape(p):
+    g = geometry(p)
+    layout, _, _ = conv_epilogue(p)
+    return (g["N"], g["O"], g["OH"], g["OW"]) if layout == "nchw" else (g["N"], g["OH"], g["OW"], g["O"])
+
+
+def _inputs(p, rand):
+    g = geometry(p)
+    _, _, steps = conv_epilogue(p)
+    fan = g["Cg"] * g["KH"] * g["KW"]
+    d = {"x": rand(*_x_shape(p)), "w": rand(g["O"], g["Cg"], g["KH"], g["KW"]) / np.float32(math.sqrt(fan)),
+         "scale": 1.0 + 0.1 * rand(g["O"]), "shift": 0.1 * rand(g["O"])}
+    if "add" in steps:
+        d["res"] = rand(*output_shape(p))
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in d.items()}
+
+
+def _chain(p, y, res):
+    """The epilogue chain on an NCHW result ``y`` (fp64), residual ``res`` NCHW."""
+    _, _, steps = conv_epilogue(p)
+    for s in steps:
+        y = y + res if s == "add" else apply_act(y, s)
+    return y
+
+
+def reference(p, f):
+    layout, _, steps = conv_epilogue(p)
+    nchw = layout == "nchw"
+    x = f["x"] if nchw else np.transpose(f["x"], (0, 3, 1, 2))
+    y = conv_ref(x, f["w"], None, _attrs(p)) * f["scale"].reshape(1, -1, 1, 1) + f["shift"].reshape(1, -1, 1, 1)
+    res = f.get("res")
+    if res is not None and not nchw:
+        res = np.transpose(res, (0, 3, 1, 2))
+    y = _chain(p, y, res)
+    return y if nchw else np.transpose(y, (0, 2, 3, 1))
+
+
+def tolerance(p, f):
+    """gamma_K |x| * |w| bound of the sum (K = Cg*KH*KW terms), scaled, plus the epilogue's rounding."""
+    mag = reference(p, {**f, "x": np.abs(f["x"]), "w": np.abs(f["w"]), "scale": np.abs(f["scale"]),
+                        "shift": np.abs(f["shift"]), **({"res": np.abs(f["res"])} if "res" in f else {})})
+    _, _, steps = conv_epilogue(p)
+    smooth = any(s not in ("add", "relu", "relu6") for s in steps)
+    tol = 4.0 * (p.reduction + 4) * U32 * np.abs(mag)
+    return tol * (1.2 if smooth else 1.0) + (1e-6 * (1.0 + np.abs(mag)) if smooth else 0.0) + 1e-30
+
+
+def _flops(p):
+    g = geometry(p)
+    return 2.0 * g["N"] * g["O"] * g["OH"] * g["OW"] * (g["Cg"] * g["KH"] * g["KW"] + 1)
+
+
+def _numpy(p, inp, out):
+    """im2col + matmul (the op's library step) in NCHW, then the epilogue with numpy."""
+    from ....ops.conv2d import conv_step
+
+    layout, _, steps = conv_epilogue(p)
+    nchw = layout == "nchw"
+    x = inp["x"] if nchw else np.ascontiguousarray(np.transpose(inp["x"], (0, 3, 1, 2)))
+    y = out if nchw else np.empty(output_shape(p)[:1] + (out.shape[3],) + out.shape[1:3], np.float32)
+    conv = conv_step(x, inp["w"], y, _attrs(p))
+    sc, sh = inp["scale"].reshape(1, -1, 1, 1), inp["shift"].reshape(1, -1, 1, 1)
+    res = inp.get("res")
+    res = res if res is None or nchw else np.transpose(res, (0, 3, 1, 2))
+
+    def run():
+        conv()
+        np.multiply(y, sc, out=y)
+        np.add(y, sh, out=y)
+        np.copyto(y, _chain(p, y, res))
+        if not nchw:
+            np.copyto(out, np.transpose(y, (0, 2, 3, 1)))
+
+    return run
+
+
+def _torch(p, inp, out):
+    import torch
+    import torch.nn.functional as F
+
+    layout, _, steps = conv_epilogue(p)
+    nchw = layout == "nchw"
+    a = _attrs(p)
+    pt, pl, pb, pr = a["pads"]
+    t = {k: torch.from_numpy(v) for k, v in inp.items()}
+    o = torch.from_numpy(out)
+    acts = activations()
+
+    def run():
+        with torch.inference_mode():
+            x = t["x"] if nchw else t["x"].permute(0, 3, 1, 2)
+            if (pt, pl) != (pb, pr):
+                x = F.pad(x, (pl, pr, pt, pb))
+                pad = 0
+            else:
+                pad = (pt, pl)
+            y = F.conv2d(x, t["w"], None, a["stride"], pad, a["dilation"], a["groups"])
+            y = y * t["scale"].view(1, -1, 1, 1) + t["shift"].view(1, -1, 1, 1)
+            for s in steps:
+                if s == "add":
+                    y = y + (t["res"] if nchw else t["res"].permute(0, 3, 1, 2))
+                else:
+                    y = REGISTRY[acts[s]].epilogue.torch(y, None)
+            o.copy_(y if nchw else y.permute(0, 2, 3, 1))
+
+    return run
+
+
+FACTS = Facts(inputs=_inputs, output_shape=output_shape, reference=reference, tolerance=tolerance, flops=_flops,
+              numpy=_numpy, torch=_torch)

@@ -1,0 +1,64 @@
+"""The convolution templates (targets/cpu/templates/conv.py): sampled knob settings of the direct and the depthwise
+template are correct against the fp64 reference on shapes that no block divides (odd channels, widths, strides,
+padding, dilation, groups, every operand form and epilogue, both layouts); the space follows the machine."""
+import random
+
+import numpy as np
+import pytest
+
+from planforge.ops.kernel import ProblemError
+from planforge.targets.cpu.templates import TEMPLATES, Problem, default_knobs, limits, make_inputs, reference
+from test_cpu_kernels import assert_all_correct
+
+
+def dims(N, C, H, W, O, k, s=1, p=0, d=1, g=1, pads=None):
+    pt, pl, pb, pr = pads or (p, p, p, p)
+    return (N, C, H, W, O, k, k, s, s, pt, pl, pb, pr, d, d, g)
+
+
+CASES = [
+    ("conv", dims(1, 3, 11, 13, 7, 3, 1, 1), "nhwc/wb/relu"),
+    ("conv", dims(2, 5, 9, 10, 19, 3, 2, 1), "nchw/wss/relu6"),
+    ("conv", dims(1, 6, 7, 9, 10, 3, 1, 2, 2, 2), "nhwc/w/hardswish"),        # dilated, 2 groups of 3 -> 5
+    ("conv", dims(1, 33, 5, 7, 17, 1), "nhwc/packed/add_relu"),              # 1x1 with a residual
+    ("conv", dims(1, 9, 8, 8, 11, 3, 2, pads=(0, 1, 1, 0)), "nchw/packed/relu_add"),  # asymmetric padding
+    ("dwconv", dims(1, 13, 9, 11, 13, 3, 1, 1, 1, 13), "nhwc/wss/relu6"),
+    ("dwconv", dims(2, 21, 10, 7, 21, 5, 2, 2, 1, 21), "nchw/wb/silu"),
+    ("dwconv", dims(1, 35, 6, 6, 35, 3, 1, 1, 1, 35), "nhwc/packed/add"),
+]
+
+
+@pytest.mark.parametrize("op, d, epi", CASES)
+def test_sampled_settings_match_the_reference(op, d, epi, profile):
+    p = Problem(op, d, epi)
+    TEMPLATES[op].space(p, limits(profile)).make(default_knobs(p, limits(profile)))  # the first setting is valid
+    assert assert_all_correct(p, profile, 4, seed=len(epi)) >= 3
+
+
+def test_a_wrong_kernel_is_caught(profile):
+    """The check can fail: a template whose epilogue forgot the shift is rejected as incorrect."""
+    p = Problem("conv", dims(1, 4, 6, 6, 5, 3, 1, 1), "nhwc/wb/none")
+    inp = make_inputs(p)
+    ref = reference(p, inp)
+    inp2 = dict(inp, shift=np.zeros_like(inp["shift"]))
+    assert np.abs(reference(p, inp2) - ref).max() > 1e-3
+
+
+def test_space_follows_the_vector_width_and_caches(profile):
+    lim = limits(profile)
+    p = Problem("conv", dims(1, 64, 14, 14, 64, 3, 1, 1), "nhwc/wb/relu")
+    space = TEMPLATES["conv"].space(p, lim)
+    vecs = {k.name: k.values for k in space.knobs}["vec"]
+    assert max(vecs) == min(16, lim.vector_lanes) or vecs == (1,)
+    for c in [space.sample(random.Random(i)) for i in range(20)]:
+        k = c.as_dict()
+        assert k["owb"] * k["ob"] + k["ob"] + 1 <= lim.vector_registers
+
+
+def test_bad_problems_are_clear_errors():
+    with pytest.raises(ProblemError, match="groups"):
+        Problem("conv", dims(1, 5, 6, 6, 4, 3, g=2), "nhwc/w/none")
+    with pytest.raises(ProblemError, match="add"):
+        Problem("conv", dims(1, 4, 6, 6, 4, 3), "nhwc/w/add")
+    with pytest.raises(ProblemError, match="layout"):
+        Problem("conv", dims(1, 4, 6, 6, 4, 3), "nchwc/w/none")
