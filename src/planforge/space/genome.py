@@ -25,6 +25,7 @@ from ..rewrite.extract import Choice, reachable, repair
 from .space import Candidate, Knob, Space, SpaceError
 
 CONFIGS_PER_NODE = 24
+MAX_MISSES = 200  # consecutive already-drawn samples after which a node's knob space counts as exhausted
 
 
 def short(cid: str) -> str:
@@ -57,13 +58,19 @@ def knob_configs(space: Space, first: dict[str, Any], n: int, seed: int,
     except (SpaceError, ValueError):
         pass
     want = n * pool if rank is not None else n
+    misses = 0
     for _ in range(want * 30):
-        if len(cands) >= want:
+        # a small space (a GPU template's at small shapes) is exhausted long before: stop when samples keep
+        # finding only settings already drawn
+        if len(cands) >= want or misses >= MAX_MISSES:
             break
         c = space.sample(rng)
         if c.fingerprint not in seen:
             seen.add(c.fingerprint)
             cands.append(c)
+            misses = 0
+        else:
+            misses += 1
     if rank is not None and len(cands) > n:
         scores = rank(cands)
         order = sorted(range(len(cands)), key=lambda i: scores[i])

@@ -36,6 +36,20 @@ def _rulesets(graph: Graph) -> list[str]:
     return [*DEFAULT_RULESETS, *(["mlp_fusion"] if single else [])]
 
 
+def _no_template(eg, a, target: Target) -> set[str]:
+    """The template e-nodes whose kernel problem ``target`` has no template for (its ``knob_space`` refuses it:
+    a GPU's Triton epilogues cover fewer ops than the CPU's C ones); a plan may not choose them."""
+    out = set()
+    for ns in eg.classes.values():
+        for n in ns:
+            if n.impl in ("tmpl", "fused") and n.id not in a.unavailable:
+                try:
+                    target.knob_space(a.problem(n))
+                except TargetError:
+                    out.add(n.id)
+    return out
+
+
 def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 0, node_limit: int = 20_000,
                weight: int = 1) -> Task:
     """The task of one graph (a whole model, or one part of a partitioned one): its e-graph saturated within
@@ -47,6 +61,7 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     t0 = time.perf_counter()
     eg = saturate(graph, _rulesets(graph), Limits(nodes=node_limit))
     a = analyse(eg, graph)
+    a.unavailable |= _no_template(eg, a, target)
     allowed = usable(eg, {c: [n.id for n in ns if n.executable and n.id not in a.unavailable]
                           for c, ns in eg.classes.items()})
     node_bytes = {nid: a.out_bytes(eg.node(nid)) + a.workspace_bytes(eg.node(nid))
@@ -62,8 +77,11 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     def ranker(problem, space):
         """The analytic roofline model of a kernel node ranks its knob settings (fused MLPs have none)."""
         from ..costmodel.analytic import analytic_model
+        from .kernels import ModelledTarget
 
-        model = analytic_model(problem, space, target)
+        # a target whose templates bring their own model (the cuda target's GPU roofline) ranks with it
+        model = target.cost_model(problem, space) if isinstance(target, ModelledTarget) else \
+            analytic_model(problem, space, target)
         return None if model is None else model.predict
 
     genome = Genome.build(eg, a, allowed, g_choice, knob_space=target.knob_space, defaults=target.default_knobs,

@@ -72,20 +72,7 @@ class CudaBackend:
                 "timing": self.timing.to_json(), "flush_bytes": self.timing.flush_bytes, "device": self.device}
 
     def _run(self, job: dict) -> Outcome:
-        r = self.worker.run(run_job, (job,), timeout=self.timeout())
-        if r.status == "ok":
-            v = r.value
-            if v["status"] == "ok":
-                self.timeout.observe(r.wall_s)
-                return Outcome.measured(v["times"])
-            if v.get("poisoned"):
-                # the CUDA context is unusable now: the next candidate gets a fresh worker
-                self.worker.close()
-                self.restarts_poisoned += 1
-            return Outcome.invalid(v["status"], v["message"])
-        if r.status == "timeout":
-            return Outcome.invalid("timeout", r.message)
-        return Outcome.invalid("runtime", r.message[:LOG_LIMIT])
+        return run_isolated(self, run_job, job)
 
     def factory(self):
         """A picklable ``f(cpus) -> CudaBackend`` measuring the same problem (``cpus`` is ignored)."""
@@ -114,20 +101,9 @@ class CudaBackend:
                   rounds: int = 3) -> tuple[list[Outcome], dict[str, Outcome]]:
         """Finalists and baselines again, interleaved round by round; raw times pooled."""
         libs = list(libraries or self.libraries)
-        times: dict[str, list[float]] = {}
-        failed: dict[str, Outcome] = {}
         jobs = [(c.fingerprint, self._job("triton", c.as_dict())) for c in candidates] + \
             [(n, self._job(n)) for n in libs]
-        for _ in range(rounds):
-            for key, job in jobs:
-                if key in failed:
-                    continue
-                o = self._run(job)
-                if o.ok:
-                    times.setdefault(key, []).extend(o.times)
-                else:
-                    failed[key] = o
-        res = {k: failed.get(k) or Outcome.measured(times[k]) for k, _ in jobs}
+        res = interleaved(self._run, jobs, rounds)
         return [res[c.fingerprint] for c in candidates], {n: res[n] for n in libs}
 
     def precompile(self, candidates: Sequence[Candidate], workers: int = 8) -> dict[str, str]:
@@ -167,12 +143,52 @@ class CudaBackend:
         """The GPU profile, plus the roofline of this problem's dtype in the keys the report's roofline
         plot and device line read (``cpu_model``: the GPU's name, ``peak_flops_all``, ``bandwidth``, ``threads``:
         one per SM)."""
-        p = self.profile
-        return {**p.to_dict(), "cpu_model": p.name, "peak_flops_all": p.flops[self.problem.dtype], "threads": p.sms,
-                "bandwidth": {"L2": {"read": p.l2_bw}, "DRAM": {"read": p.hbm_bw}}}
+        return profile_json(self.profile, self.problem.dtype)
 
     def close(self) -> None:
         self.worker.close()
+
+
+def profile_json(p: GpuProfile, dtype: str) -> dict:
+    """The GPU profile with the roofline of ``dtype`` in the keys the report's roofline plot and device line
+    read (``cpu_model``: the GPU's name, ``peak_flops_all``, ``bandwidth``, ``threads``: one per SM)."""
+    return {**p.to_dict(), "cpu_model": p.name, "peak_flops_all": p.flops[dtype], "threads": p.sms,
+            "bandwidth": {"L2": {"read": p.l2_bw}, "DRAM": {"read": p.hbm_bw}}}
+
+
+def run_isolated(backend, fn, job: dict) -> Outcome:
+    """``fn(job)`` in ``backend``'s isolated worker under its adaptive timeout, as an Outcome. A job that says
+    ``poisoned`` (a CUDA error: the context is unusable) closes the worker, so the next job gets a fresh one."""
+    r = backend.worker.run(fn, (job,), timeout=backend.timeout())
+    if r.status == "ok":
+        v = r.value
+        if v["status"] == "ok":
+            backend.timeout.observe(r.wall_s)
+            return Outcome.measured(v["times"])
+        if v.get("poisoned"):
+            backend.worker.close()
+            backend.restarts_poisoned += 1
+        return Outcome.invalid(v["status"], v["message"])
+    if r.status == "timeout":
+        return Outcome.invalid("timeout", r.message)
+    return Outcome.invalid("runtime", r.message[:LOG_LIMIT])
+
+
+def interleaved(run, jobs: Sequence[tuple[str, dict]], rounds: int) -> dict[str, Outcome]:
+    """Each ``(key, job)`` measured by ``run`` once per round, round by round (a slow phase of the device
+    hits them all alike), every round's raw times pooled; a job that fails once keeps its failure."""
+    times: dict[str, list[float]] = {}
+    failed: dict[str, Outcome] = {}
+    for _ in range(rounds):
+        for key, job in jobs:
+            if key in failed:
+                continue
+            o = run(job)
+            if o.ok:
+                times.setdefault(key, []).extend(o.times)
+            else:
+                failed[key] = o
+    return {k: failed.get(k) or Outcome.measured(times[k]) for k, _ in jobs}
 
 
 def cuda_timing(profile: GpuProfile, cold: bool = True) -> TimingConfig:
@@ -188,4 +204,4 @@ def _remote(problem: dict, profile: dict, timing: dict, seed: int, device: str, 
                        device, AdaptiveTimeout(*timeout), tuple(libraries))
 
 
-__all__ = ["CudaBackend", "cuda_timing"]
+__all__ = ["CudaBackend", "cuda_timing", "interleaved", "profile_json", "run_isolated"]

@@ -388,5 +388,22 @@ def parse(op: str, dims, epilogue: str = "none", dtype: str = "fp32", residual: 
     return CudaProblem(op, dims, epi, dt or dtype, residual or "res" in flags, causal or "causal" in flags)
 
 
-__all__ = ["CudaProblem", "EPS", "OPS", "ProblemError", "TRITON_ACTS", "UNIT", "act64", "check", "gemm_epilogues",
+def from_kernel(p, dtype: str = "fp32") -> CudaProblem:
+    """The GPU problem of a target-neutral kernel problem (``ops.kernel.Problem`` or ``MlpProblem``, or its
+    JSON), as the e-graph analysis makes them for a template node: a GEMV (N, K) is a GEMM of one row, a fused
+    MLP's activations (``gelu:tanh``) are named by their ops. ``ProblemError`` where no Triton template runs it
+    (an op or a chain step with no Triton epilogue)."""
+    if isinstance(p, CudaProblem):
+        return p
+    d = p if isinstance(p, dict) else p.to_json()
+    op = d.get("op", "mlp")
+    if op == "mlp":
+        acts = activations()
+        layers = tuple((int(k), int(n), "none" if a == "none" else acts.get(a, a)) for k, n, a in d["layers"])
+        return CudaProblem("mlp", (), "none", dtype, layers=layers)
+    return parse(op, d["dims"], d.get("epilogue", "none"), dtype)
+
+
+__all__ = ["CudaProblem", "EPS", "OPS", "ProblemError", "TRITON_ACTS", "UNIT", "act64", "check", "from_kernel",
+           "gemm_epilogues",
            "parse", "round_to"]

@@ -21,9 +21,10 @@ from ..target import TargetError
 from . import templates
 from .devices import DeviceError, GpuProfile, offline as published
 from .model import GpuCeilings, GpuModel, gpu_ceilings
-from .problem import CudaProblem, ProblemError, parse
+from .problem import CudaProblem, ProblemError, from_kernel, parse
 
 OFFLINE_ENV = "PLANFORGE_CUDA_OFFLINE"
+ENUMERATE_BELOW = 100_000  # knob spaces up to this many raw points have their valid points listed up front
 
 
 def _size(n: float) -> str:
@@ -54,6 +55,7 @@ class CudaTarget:
     name: str = "cuda"
     pin_cores: bool = False  # the host thread waits for the GPU: measuring slots need no cores of their own
     _ceilings: GpuCeilings | None = field(default=None, init=False, repr=False)
+    _spaces: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         if self.offline is None:
@@ -109,7 +111,7 @@ class CudaTarget:
             self.pinned = get_profile(force=force, quick=q, progress=progress)
         except DeviceError as e:
             raise TargetError(str(e)) from None
-        self._ceilings = None
+        self._ceilings, self._spaces = None, {}
         return self.pinned
 
     def describe(self) -> dict[str, Any]:
@@ -168,26 +170,45 @@ class CudaTarget:
         except ProblemError as e:
             raise TargetError(str(e)) from None
 
-    def knob_space(self, problem: CudaProblem) -> Space:
-        return templates.space(problem, self.profile())
+    def gpu(self, problem) -> CudaProblem:
+        """``problem`` as a GPU problem: a ``CudaProblem`` as is, a target-neutral kernel problem (what the
+        e-graph analysis makes of a template node: ``ops.kernel.Problem``, ``MlpProblem``) in fp32.
+        ``TargetError`` where no Triton template runs it."""
+        try:
+            return from_kernel(problem)
+        except (ProblemError, ValueError) as e:
+            what = problem if isinstance(problem, dict) else problem.to_json()
+            raise TargetError(f"no Triton template runs {what}: {e}") from None
 
-    def default_knobs(self, problem: CudaProblem) -> dict[str, Any]:
-        return templates.defaults(problem, self.profile())
+    def knob_space(self, problem) -> Space:
+        """The knob space of ``problem``'s template, its valid points enumerated once (the restrictions leave
+        few at a graph's small shapes, where drawing them by rejection would be slow); cached per problem."""
+        p = self.gpu(problem)
+        sp = self._spaces.get(p)
+        if sp is None:
+            sp = self._spaces[p] = templates.space(p, self.profile())
+            if sp.size <= ENUMERATE_BELOW:
+                sp.valid_ints()
+        return sp
 
-    def flops(self, problem: CudaProblem) -> float:
-        return problem.flops()
+    def default_knobs(self, problem) -> dict[str, Any]:
+        return templates.defaults(self.gpu(problem), self.profile())
 
-    def input_shapes(self, problem: CudaProblem) -> dict[str, list[int]]:
-        return {k: list(v) for k, v in problem.input_shapes().items()}
+    def flops(self, problem) -> float:
+        return self.gpu(problem).flops()
+
+    def input_shapes(self, problem) -> dict[str, list[int]]:
+        return {k: list(v) for k, v in self.gpu(problem).input_shapes().items()}
 
     def libraries(self) -> list[str]:
         from .backend import DEFAULT_LIBRARIES
 
         return list(DEFAULT_LIBRARIES)
 
-    def cost_model(self, problem: CudaProblem, space: Space) -> GpuModel:
-        """The GPU analytic model of ``problem`` over ``space`` (the funnel's), on this target's ceilings."""
-        return GpuModel(problem, self.ceilings(), space, cold=self.cold)
+    def cost_model(self, problem, space: Space) -> GpuModel:
+        """The GPU analytic model of ``problem`` over ``space`` (the funnel's, and the ranker of a graph's
+        template nodes), on this target's ceilings."""
+        return GpuModel(self.gpu(problem), self.ceilings(), space, cold=self.cold)
 
     def task_key(self, problem: CudaProblem) -> str:
         """The task key of a kernel workload: op, shape, epilogue, flags and dtype (``gemm_16x4096x4096_none_bf16``)."""
@@ -204,14 +225,32 @@ class CudaTarget:
         return CudaBackend(problem, self.profile(), timing=self.timing, seed=seed, device=self.device)
 
     def graph_backend(self, graph, genome, seed: int = 0):
-        raise TargetError("the cuda target tunes single kernels (gemm, attention, softmax, layernorm, rmsnorm, "
-                          "eltwise, the batch-1 fused MLP); whole-model plans run on the cpu target")
+        """Measures whole plans of ``genome`` on the GPU (``graph.CudaGraphBackend``); the timing is this
+        target's, else the GPU protocol with hot caches (weights stay in L2 between calls)."""
+        self._need_gpu("measure whole-model plans")
+        from .graph import CudaGraphBackend
+
+        return CudaGraphBackend(graph, genome, self.profile(), timing=self.timing, seed=seed, device=self.device)
 
     def peak_bytes(self, graph, program: list[dict[str, Any]]) -> int:
-        raise TargetError("the cuda target has no whole-model plans")
+        from .plan import peak_bytes_of
+
+        return peak_bytes_of(graph, program)
 
     def plan(self, graph, program: list[dict[str, Any]] | None):
-        raise TargetError("the cuda target has no whole-model plans to run; its specs hold kernel knobs")
+        """``program`` (a spec's steps) lowered to Triton templates and torch steps on this GPU and bound to
+        ``graph``'s weights; None: the torch-eager baseline. ``TargetError`` names the first step that does
+        not bind."""
+        self._need_gpu("run a plan")
+        from ..cpu.plan import PlanError
+        from .plan import CudaPlan, TorchPlan
+
+        if program is None:
+            return TorchPlan(graph, self.device)
+        try:
+            return CudaPlan(graph, program, self.device)
+        except PlanError as e:
+            raise TargetError(str(e)) from None
 
 
 def templates_ops() -> tuple[str, ...]:

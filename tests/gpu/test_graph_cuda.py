@@ -1,0 +1,184 @@
+"""Whole models on the cuda target: planned with its templates and knobs, lowered to Triton and torch, run.
+
+On CI the plans run in Triton's interpreter with torch tensors on the CPU (see conftest.py); on a GPU
+(``PLANFORGE_TEST_DEVICE=cuda``) the same tests launch the compiled kernels. Shapes are small and not
+divisible by any block, and every plan is checked against numpy's fp32 forward and the fp64 reference.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[test]'): the GPU templates "
+                                     "cannot run, even in its interpreter")
+
+from planforge.ir import zoo  # noqa: E402
+from planforge.targets.cpu.graph import numpy_forward  # noqa: E402
+from planforge.targets.cuda import CudaTarget  # noqa: E402
+from planforge.targets.cuda.devices import offline  # noqa: E402
+from planforge.targets.cuda.graph import CudaGraphBackend, tolerance  # noqa: E402
+from planforge.targets.cuda.plan import CudaPlan  # noqa: E402
+from planforge.targets.target import TargetError  # noqa: E402
+from planforge.workloads.models import graph_workload  # noqa: E402
+
+from .conftest import DEVICE  # noqa: E402
+
+TEMPLATES = ("tmpl1", "tmpl2", "tmpl3", "fused_mlp")
+
+
+def _target() -> CudaTarget:
+    # the H200's figures plan; the kernels run where the tests run (the interpreter on CI)
+    return CudaTarget(pinned=offline("H200"), device=DEVICE)
+
+
+def _task(graph):
+    wl = graph_workload(graph, graph.name, target=_target())
+    assert len(wl.tasks) == 1
+    return wl.tasks[0]
+
+
+def _genomes(task, n: int, seed: int = 0) -> list:
+    """The task's seed plans, then ``n`` sampled ones with every template's knob setting drawn (not the first)."""
+    rng = random.Random(seed)
+    out = list(task.seeds)
+    sp = task.space
+    for _ in range(n):
+        cfg = sp.sample(rng).as_dict()
+        for name, k in zip(sp.names, sp.knobs):
+            if name.startswith("k_") and len(k.values) > 1:
+                cfg[name] = rng.randrange(1, len(k.values))  # a non-default setting of each template
+        out.append(sp.make(cfg))
+    return out
+
+
+def _check(graph, program) -> set[str]:
+    """Run ``program`` lowered for the device on the graph's example inputs; assert it matches numpy's fp32
+    forward and the fp64 reference within the plan tolerance; return the template kinds it ran."""
+    xs = graph.example_inputs(3)
+    ref = graph.evaluate(*xs)
+    tol = tolerance(graph, ref)
+    got = CudaPlan(graph, program, DEVICE)(*xs)
+    for o, r, f in zip(got, ref, numpy_forward(graph)(*xs)):
+        assert o.shape == r.shape
+        assert float(np.abs(o - r).max()) <= tol
+        assert float(np.abs(o - f).max()) <= tol
+    return {s["problem"]["op"] for s in program if s["op"] in TEMPLATES}
+
+
+def test_policy_mlp_at_batch_1_plans_fused_mlp_and_gemv_templates():
+    g = zoo.policy_mlp(1, widths=(19, 40, 33, 5))
+    task = _task(g)
+    kinds, knobs = set(), []
+    for c in _genomes(task, 6):
+        prog = task.backend.genome.program(c.as_dict())
+        kinds |= _check(g, prog)
+        knobs += [s["knobs"] for s in prog if s["op"] in TEMPLATES]
+    task.backend.close()
+    assert {"mlp", "gemv"} <= kinds  # the fused chain and the one-row GEMM with its epilogue were both run
+    # knob settings come from the GPU templates' spaces (Triton launch knobs), and more than one was run
+    assert all("num_warps" in k for k in knobs)
+    assert len({tuple(sorted(k.items())) for k in knobs}) > 2
+
+
+def test_policy_mlp_batched_lowers_to_gemm_epilogues():
+    g = zoo.policy_mlp(3, widths=(21, 34, 17, 6))
+    task = _task(g)
+    kinds = set()
+    for c in _genomes(task, 4, seed=1):
+        kinds |= _check(g, task.backend.genome.program(c.as_dict()))
+    task.backend.close()
+    assert "gemm" in kinds
+
+
+def test_transformer_block_lowers_gemm_rowwise_and_eltwise_templates():
+    g = zoo.transformer_block(seq=7, width=24, heads=2, mlp=2)
+    task = _task(g)
+    kinds, epilogues = set(), set()
+    for c in _genomes(task, 3, seed=2):
+        prog = task.backend.genome.program(c.as_dict())
+        kinds |= _check(g, prog)
+        epilogues |= {s["problem"]["epilogue"] for s in prog if s["op"] in TEMPLATES}
+    task.backend.close()
+    assert {"gemm", "layernorm", "softmax", "eltwise"} <= kinds
+    assert "bias_gelu" in epilogues  # the MLP's GELU fused into its GEMM's epilogue
+
+
+def test_a_plan_with_a_wrong_step_fails_the_check():
+    g = zoo.policy_mlp(3, widths=(21, 34, 17, 6))
+    task = _task(g)
+    g_choice = task.seeds[0]
+    prog = task.backend.genome.program(g_choice.as_dict())
+    task.backend.close()
+    steps = [s for s in prog if s["op"] in TEMPLATES and s["problem"]["op"] == "gemm"]
+    assert steps and steps[0]["problem"]["epilogue"] == "bias_relu"
+    steps[0]["problem"] = {**steps[0]["problem"], "epilogue": "bias"}  # the ReLU dropped
+    with pytest.raises(AssertionError):
+        _check(g, prog)
+
+
+def test_the_graph_backend_measures_checks_and_baselines_in_an_isolated_worker():
+    g = zoo.policy_mlp(1, widths=(19, 40, 33, 5))
+    t = _target()
+    wl = graph_workload(g, g.name, target=t)
+    b = wl.tasks[0].backend
+    try:
+        assert isinstance(b, CudaGraphBackend) and b.fingerprint == offline("H200").fingerprint
+        c = wl.tasks[0].seeds[0]
+        (o,) = b.measure([c])
+        assert o.ok and o.times, o.message
+        libs = b.baselines()
+        assert set(libs) == {"torch"} and libs["torch"].ok, libs["torch"].message
+        outs, libs2 = b.remeasure([c], rounds=2)
+        assert outs[0].ok and libs2["torch"].ok
+        bad = b.program(c)
+        for s in bad:
+            if s["op"] == "fused_mlp":
+                s["problem"] = {**s["problem"], "layers": [[k, n, "none"] for k, n, _ in s["problem"]["layers"]]}
+            elif s["op"] in TEMPLATES and s["problem"].get("epilogue") == "bias_relu":
+                s["problem"] = {**s["problem"], "epilogue": "bias"}
+        o2 = b._run(b._job("plan", bad))
+        assert not o2.ok and o2.category == "correctness", o2
+        assert b.work()["flops"] > 0 and b.device_profile()["cpu_model"] == "NVIDIA H200"
+    finally:
+        b.close()
+    # the spec side: a plan rebuilt from a recorded program, and the torch baseline as a plan
+    xs = g.example_inputs(0)
+    ref = g.evaluate(*xs)
+    for plan in (t.plan(g, b.program(c)), t.plan(g, None)):
+        (y,) = plan(*xs)
+        assert float(np.abs(y - ref[0]).max()) <= tolerance(g, ref)
+    assert t.peak_bytes(g, b.program(c)) >= g.param_bytes()
+
+
+def test_a_template_without_triton_code_is_not_a_plan_choice(monkeypatch):
+    """A registry activation the Triton epilogues do not implement (here: ReLU, taken away) leaves its template
+    e-nodes out of the genome; its layers run as torch library steps, still correctly."""
+    from planforge.targets.cuda import problem
+
+    monkeypatch.setattr(problem, "TRITON_ACTS", tuple(a for a in problem.TRITON_ACTS if a != "relu"))
+    g = zoo.policy_mlp(3, widths=(21, 34, 17, 6))
+    task = _task(g)
+    progs = [task.backend.genome.program(c.as_dict()) for c in _genomes(task, 4, seed=3)]
+    task.backend.close()
+    for prog in progs:
+        assert not any(s["problem"]["epilogue"] == "bias_relu" for s in prog if s["op"] in TEMPLATES)
+        _check(g, prog)
+    assert any(s["op"] == "lib1" and s["args"][0] == "relu" for prog in progs for s in prog)
+
+
+def _no_gpu() -> bool:
+    from planforge.targets.cuda.probe import no_gpu_reason
+
+    return no_gpu_reason() is not None
+
+
+@pytest.mark.skipif(not _no_gpu(), reason="this machine has a GPU: the no-GPU errors cannot show")
+def test_without_a_gpu_a_whole_model_fails_early_and_names_offline(cli):
+    with pytest.raises(TargetError, match="--offline"):
+        graph_workload(zoo.policy_mlp(1, widths=(8, 8, 4)), "p", target="cuda")
+    with pytest.raises(TargetError, match="plans offline for the H200"):
+        graph_workload(zoo.policy_mlp(1, widths=(8, 8, 4)), "p", target=CudaTarget(offline="H200"))
+    r = cli("tune", "--workload", "policy-mlp", "--target", "cuda", "--budget", "2")
+    assert r.returncode != 0 and "--offline" in r.stderr and "Traceback" not in r.stderr
