@@ -1,4 +1,6 @@
 """Measurements that survive a busy machine: the load during each timing, and slow outliers measured twice."""
+import warnings
+
 import pytest
 
 from planforge.measure.load import LoadMeter, busy_total, other_share
@@ -108,3 +110,28 @@ def test_merged_keeps_the_first_when_the_second_failed():
     quiet = Outcome.measured([2e-3] * 4, other_load=0.02)  # slow on a quiet machine: slow, trusted as it is
     unknown = Outcome.measured([2e-3] * 4, other_load=None)
     assert not r.suspect(quiet, 1e-4) and r.suspect(unknown, 1e-4)
+
+
+def test_probe_marks_the_figures_another_process_contended(monkeypatch):
+    """Every run of each figure "contended" (the probe's own check): the profile lists them, they survive the
+    JSON round trip, the report's summary warns about them; a profile stored before the field loads with none."""
+    import dataclasses
+
+    from planforge.report.verdict import task_summary
+    from planforge.targets.cpu import probe as pr
+
+    # every figure's runs "contended" (no kernel run needed: measure() only reads the verdict); builds cached
+    monkeypatch.setattr(pr, "_best_rate", lambda run, effort, n=None: (1e9, n or 1000, False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # this machine's own load, whatever it is now
+        p = pr.measure(quick=True)
+    assert p.busy_figures and all(" on " in f for f in p.busy_figures)
+    assert any(f.startswith("peak") for f in p.busy_figures)
+    assert pr.DeviceProfile.from_json(p.to_json()) == p
+    old = {k: v for k, v in p.to_dict().items() if k != "busy_figures"}
+    assert pr.DeviceProfile.from_dict(old) == dataclasses.replace(p, busy_figures=[])
+    task = {"trials": [], "evaluations": 0, "duplicates": 0, "counts": {}, "accepted": None, "error": "none",
+            "ranked": [], "baselines": {}}
+    s = task_summary("t", task, p.to_dict())
+    assert s["plan"].startswith("no plan passed validation")
+    assert any(p.busy_figures[0] in w for w in s["warnings"])

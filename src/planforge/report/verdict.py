@@ -125,6 +125,7 @@ def task_summary(key: str, t: dict[str, Any], profile: dict[str, Any] | None) ->
     acc = t.get("accepted")
     s: dict[str, Any] = {"key": key, "ok": acc is not None, "warnings": [], "notes": []}
     s["convergence"] = convergence(t)
+    s["warnings"] += _load_warnings(t, profile)
     if acc is None:
         s["plan"] = f"no plan passed validation: {t.get('error')}"
         return s
@@ -144,7 +145,6 @@ def task_summary(key: str, t: dict[str, Any], profile: dict[str, Any] | None) ->
     if t.get("fallback"):
         s["notes"].append(f"the plan falls back to {t['fallback']['to']}: {t['fallback']['reason']}")
     w = s["warnings"]
-    w += _load_warnings(t, profile)
     if acc.get("spread") is not None and acc["spread"] > HIGH_SPREAD:
         w.append(f"The chosen plan's times spread {100 * acc['spread']:.0f}% (IQR / median over {acc.get('repeats')} "
                  f"repeats), above {100 * HIGH_SPREAD:.0f}%: differences smaller than that are noise.")
