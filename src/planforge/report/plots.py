@@ -54,7 +54,8 @@ def curve(task: dict[str, Any]) -> str | None:
     first_n = {}
     for t in ok:
         first_n.setdefault(t["fingerprint"], t["n"])
-    finals = [r for r in task["ranked"] if task.get("remeasured") and r["fingerprint"] in first_n]
+    finals = [r for r in task["ranked"] if r["fingerprint"] in first_n]
+    again = "re-measured" if task.get("remeasured") else "search time"  # another device's ranking stands as searched
     twice = [t for t in ok if t.get("recheck") and t["recheck"]["first"].get("median_s")]
     other = {t["n"]: t["recheck"]["first" if t["recheck"]["kept"] == "second" else "second"] for t in twice}
     ys = [t["latency_s"] for t in ok] + [r["latency_s"] for r in finals] + \
@@ -96,17 +97,16 @@ def curve(task: dict[str, Any]) -> str | None:
         srch = (r.get("search") or {}).get("latency_s")
         if srch:
             c.line([n, n], [srch, r["latency_s"]], color, width=1, dash="3,2")
-        c.point(n, r["latency_s"], f"rank {r['rank']} {r['label']}: re-measured {fmt_time(r['latency_s'])}"
+        c.point(n, r["latency_s"], f"rank {r['rank']} {r['label']}: {again} {fmt_time(r['latency_s'])}"
                 f" ({r.get('repeats', '?')} repeats, spread {_pct(r.get('spread'))}); search "
                 f"{fmt_time(srch)}; {v}", color, shape="diamond", r=4.5, opacity=1)
     c.legend("measured during the search", BLUE)
     c.legend("best search time so far", ORANGE, "line")
-    if finals:
-        c.legend("finalist re-measured: accepted", GREEN, "diamond")
-        if any(_verdict(task, r["rank"]).startswith("rejected") for r in finals):
-            c.legend("finalist re-measured: rejected", RED, "diamond")
-        if any(_verdict(task, r["rank"]).startswith("in the top") for r in finals):
-            c.legend("finalist re-measured: not reached", PURPLE, "diamond")
+    verdicts = [_verdict(task, r["rank"]) for r in finals]
+    for start, color, what in (("accepted", GREEN, "accepted"), ("rejected", RED, "rejected"),
+                               ("in the top", PURPLE, "not reached")):
+        if any(v.startswith(start) for v in verdicts):
+            c.legend(f"finalist {again}: {what}", color, "diamond")
     if twice:
         c.legend("slow result measured twice: other time", GREY, "hollow")
     if len(ok) < len(evals):
