@@ -135,3 +135,18 @@ def test_probe_marks_the_figures_another_process_contended(monkeypatch):
     s = task_summary("t", task, p.to_dict())
     assert s["plan"].startswith("no plan passed validation")
     assert any(p.busy_figures[0] in w for w in s["warnings"])
+
+
+@pytest.mark.parametrize("slots", [2, 3])
+def test_outliers_are_measured_again_on_a_wider_executor_in_submission_order(slots):
+    from planforge.measure.executor import InlineExecutor
+    from planforge.search.loop import search_async
+
+    b = _Busy(slow=(3, 6))
+    r = search_async(SPACE, make_strategy("exhaustive", SPACE, 0), InlineExecutor(b, slots), Budget(evals=8),
+                     ordered=True)
+    assert r.evaluations == 8 and sorted(t.n for t in r.trials) == list(range(1, 9))
+    assert b.calls[3] == b.calls[6] == 2 and sum(b.calls.values()) == 10
+    twice = {t.candidate.as_dict()["x"]: t.outcome for t in r.trials if "recheck" in t.outcome.extra}
+    assert set(twice) == {3, 6} and all(o.metric < 1e-4 for o in twice.values())
+    assert [e.candidate.as_dict()["x"] for e in r.ranked][:2] == [0, 1]
