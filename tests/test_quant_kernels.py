@@ -105,8 +105,10 @@ def test_formats_over_budget_are_not_searched():
 def test_bad_budget_is_a_workload_error():
     with pytest.raises(WorkloadError, match="option accuracy='rmse:1'.*unknown accuracy metric"):
         load_workload("gemv", {"shape": "45,70", "accuracy": "rmse:1"})
+    from planforge.workloads.kernels import kernel_workload
+
     with pytest.raises(WorkloadError, match="reads fp32 weights only"):
-        load_workload("gemm", {"shape": "8,45,70", "accuracy": "max_rel_err:0.05"})
+        kernel_workload(Problem("layernorm", (4, 64)), accuracy="max_rel_err:0.05")
 
 
 def test_quantised_spec_validates_and_diff_shows_the_format(tmp_path):
@@ -139,3 +141,27 @@ def test_the_roofline_counts_each_formats_bytes():
     assert moved[0] - moved[1] == pytest.approx(2 * weights, rel=0.01)  # bf16: 2 bytes a weight fewer
     assert moved[0] - moved[2] == pytest.approx(3 * weights - 4 * 512, rel=0.01)  # int8: 1 byte and a scale a channel
     assert moved[3] < moved[2] and est.bound_s[3] <= est.bound_s[2] <= est.bound_s[1] <= est.bound_s[0]
+
+
+@pytest.mark.parametrize("dims,epilogue", [((5, 37, 70), "bias_relu"), ((33, 64, 129), "none")])
+def test_quantised_gemm_settings_match_their_reference(lim, dims, epilogue):
+    """B widened as the GEMM packs it: sampled tile settings in each format on shapes no block divides."""
+    p = Problem("gemm", dims, epilogue)
+    gemm = TEMPLATES["gemm"]
+    qspace = quant_space(p, lim, ("fp32", "bf16", "int8", "int4:32", "int4:64"))
+    rng, inputs, done = random.Random(1), make_inputs(p, 1), []
+    fmts = [("bf16", 32), ("int8", 32), ("int4", 32), ("int4", 64)]
+    while len(done) < len(fmts):
+        base = gemm.space(p, lim).sample(rng).as_dict()
+        fmt, block = fmts[len(done)]
+        c = qspace.make({**base, "pack_b": 1, "wfmt": fmt, "qblock": block})
+        if not qspace.is_valid(c):
+            continue
+        knobs = c.as_dict()
+        lib = ctypes.CDLL(str(build(gemm.source(p, knobs), gemm.openmp(knobs)).path))
+        out = np.full(output_shape(p), np.nan, np.float32)
+        gemm.bind(lib, p, knobs, inputs, out)()
+        real = gemm.reference_inputs(p, knobs, inputs)[1]()
+        assert check(p, real, out, reference(p, real), tolerance(p, real)) is None, knobs
+        done.append(knobs)
+    assert "pack_b" in qspace.names and not qspace.is_valid(qspace.make({**done[0], "pack_b": 0}))

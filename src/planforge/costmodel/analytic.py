@@ -282,6 +282,23 @@ def _check(fits, reason, ok, why: str):
     return fits & ok
 
 
+# per weight format: vector instructions to widen one vector of weights, per FMA (bf16: a zero-extend and a
+# shift; int8: a sign-extend and a convert; int4: two values per sign-extend, a shift pair and two converts);
+# int8 weights with int8 activations: one dot-product instruction per 4 multiply-adds (VNNI), so -0.75
+WIDEN_OPS = {"fp32": 0.0, "bf16": 1.0, "int8": 1.0, "int4": 1.5, "int8+a8": -0.75}
+
+
+def _weight_format(k: Mapping[str, np.ndarray], n: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes per weight and widening instructions per FMA of each point (fp32 where there is no ``wfmt`` knob)."""
+    if "wfmt" not in k:
+        return np.full(n, float(F32)), np.zeros(n)
+    fmts, blocks = np.asarray(k["wfmt"], dtype=object), np.asarray(k["qblock"])
+    acts = np.asarray(k["act"], dtype=object) if "act" in k else np.full(n, "fp32", dtype=object)
+    wb = np.array([bytes_per_weight(f, K, int(b)) for f, b in zip(fmts, blocks)])
+    widen = np.array([WIDEN_OPS[f + ("+a8" if a == "int8" and f == "int8" else "")] for f, a in zip(fmts, acts)])
+    return wb, widen
+
+
 def _gemm(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     c = m.ceil
     M, N, K = m.dims
@@ -314,11 +331,12 @@ def _gemm(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     scalar_rate = c.rate_est(1)
     compute_pred = vec_flops / (c.rate_est(vec) * ilp) + scalar_flops / scalar_rate
     # traffic per level (the slowest thread's, at the bandwidth its team shares)
-    foot = F32 * (M * K + K * N + M * N + N)
+    wb, _ = _weight_format(k, n, K)  # a quantised B is read at its own size, widened as it is packed
+    foot = F32 * (M * K + M * N + N) + wb * K * N
     home = np.broadcast_to(c.home(foot, active), (n,)) if not m.cold else np.full(n, LEVELS.index("DRAM"))
     traffic: dict[str, np.ndarray] = {}
     a_reads_home = _ceil(Nt, nc_) * Mt * K * float(F32)
-    b_reads_home = 1.0 * K * Nt * F32
+    b_reads_home = 1.0 * K * Nt * wb
     _add(traffic, home, a_reads_home + b_reads_home + 2.0 * Mt * Nt * F32)
     b_block = kc_ * nc_ * F32
     a_block = mc_ * kc_ * F32
@@ -355,23 +373,6 @@ def _gemm(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     return _finish(m, n, flops=vec_flops + scalar_flops, threads=T, active=active,
                    compute_lb=compute_lb, compute_pred=compute_pred, traffic=traffic, compulsory=foot, fits=fits,
                    reason=reason, extra=extra)
-
-
-# per weight format: vector instructions to widen one vector of weights, per FMA (bf16: a zero-extend and a
-# shift; int8: a sign-extend and a convert; int4: two values per sign-extend, a shift pair and two converts);
-# int8 weights with int8 activations: one dot-product instruction per 4 multiply-adds (VNNI), so -0.75
-WIDEN_OPS = {"fp32": 0.0, "bf16": 1.0, "int8": 1.0, "int4": 1.5, "int8+a8": -0.75}
-
-
-def _weight_format(k: Mapping[str, np.ndarray], n: int, K: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes per weight and widening instructions per FMA of each point (fp32 where there is no ``wfmt`` knob)."""
-    if "wfmt" not in k:
-        return np.full(n, float(F32)), np.zeros(n)
-    fmts, blocks = np.asarray(k["wfmt"], dtype=object), np.asarray(k["qblock"])
-    acts = np.asarray(k["act"], dtype=object) if "act" in k else np.full(n, "fp32", dtype=object)
-    wb = np.array([bytes_per_weight(f, K, int(b)) for f, b in zip(fmts, blocks)])
-    widen = np.array([WIDEN_OPS[f + ("+a8" if a == "int8" and f == "int8" else "")] for f, a in zip(fmts, acts)])
-    return wb, widen
 
 
 def _gemv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:

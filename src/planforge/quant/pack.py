@@ -47,8 +47,10 @@ class Packed:
 def pack(qw: QWeights, width: int, group: int = 1) -> Packed:
     """``qw`` in panels of ``width`` columns; ``group`` 4 (int8 only): each column's 4 consecutive rows side by
     side, ``[panel][k / 4][width][4]`` (K padded to a multiple of 4), for the u8 x s8 dot-product instructions,
-    with each channel's sum of values."""
+    with each channel's sum of values; ``width`` 0: row-major, as the GEMM's packing reads it (``pack_rows``)."""
     K, N = qw.shape
+    if width == 0:
+        return pack_rows(qw)
     if group == 4:
         return _pack_groups(qw, width)
     panels = -(-N // width)
@@ -72,6 +74,20 @@ def pack(qw: QWeights, width: int, group: int = 1) -> Packed:
         scales = np.zeros(Np, np.float32)
         scales[:N] = qw.scales
     return Packed(qw.fmt, w, scales, width, panels, K)
+
+
+def pack_rows(qw: QWeights) -> Packed:
+    """Row-major ``[K][N]`` values (int4: ``[K][ceil(N / 2)]`` bytes, column 2i in the low nibble of byte i,
+    2i + 1 in the high one); scales int8 ``[N]``, int4 ``[ceil(K / block)][N]``."""
+    K, N = qw.shape
+    if qw.fmt == "int4":
+        q = np.zeros((K, N + (N & 1)), np.int8)
+        q[:, :N] = qw.q
+        nib = (q & 0x0F).astype(np.uint8)
+        w = nib[:, 0::2] | (nib[:, 1::2] << 4)
+        return Packed("int4", np.ascontiguousarray(w), np.ascontiguousarray(qw.scales, np.float32), 0, 1, K, qw.block)
+    scales = None if qw.scales is None else np.ascontiguousarray(qw.scales, np.float32)
+    return Packed(qw.fmt, np.ascontiguousarray(qw.q), scales, 0, 1, K)
 
 
 def _pack_groups(qw: QWeights, width: int) -> Packed:
@@ -115,4 +131,4 @@ def cache_info() -> dict[str, int]:
     return {"entries": len(_CACHE), "bytes": sum(p.nbytes for p in _CACHE.values())}
 
 
-__all__ = ["CACHE_ENTRIES", "Packed", "cache_info", "digest", "pack", "packed"]
+__all__ = ["CACHE_ENTRIES", "Packed", "cache_info", "digest", "pack", "pack_rows", "packed"]

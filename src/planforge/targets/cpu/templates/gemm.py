@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ....space import Space, categorical, pow2
+from . import qgemm
 from .common import epi_code, header, struct_call
 from .epilogues import apply_chain, chain_flops, dense_tolerance, numpy_dense, torch_dense
 from .facts import Facts
@@ -116,6 +117,8 @@ def source(knobs: dict[str, Any], epilogue: str) -> str:
     b_ptr = "bp + (jr / NR) * NR * kb" if pb else "B + (long)pc * ldb + jc + jr"
     a_ld = "MR" if pa else "lda"
     b_ld = "NR" if pb else "ldb"
+    q = qgemm.parts(knobs) or {}  # a quantised B: its packing, type and the slices' column offsets
+    pack_call = q.get("pack_call", "pack_b(kb, nb, B + (long)pc * ldb + jc, ldb, bp);")
     body = f"""
 {defs}{header()}
 {_ukernel(mr, nv, pa, pb, knobs['unroll'])}
@@ -143,7 +146,7 @@ static void pack_a(int mb, int kb, const float *A, long lda, float *ap) {{
                 *ap++ = p + i < mb ? A[(long)(p + i) * lda + k] : 0.0f;
 }}
 
-static void pack_b(int kb, int nb, const float *B, long ldb, float *bp) {{
+{q.get("pack_b", "")}static void pack_b(int kb, int nb, const float *B, long ldb, float *bp) {{
     for (int q = 0; q < nb; q += NR)
         for (int k = 0; k < kb; k++) {{
             const float *src = B + (long)k * ldb + q;
@@ -152,8 +155,8 @@ static void pack_b(int kb, int nb, const float *B, long ldb, float *bp) {{
         }}
 }}
 
-static void gemm_block(const float *A, const float *B, const float *bias, float *C, int M, int N, int K,
-                       long lda, long ldb, long ldc, int mc, int kc, int nc) {{
+static void gemm_block(const float *A, {q.get("block_b", "const float *B")}, const float *bias, float *C, int M, int N, int K,
+                       long lda, long ldb, long ldc, int mc, int kc, int nc{q.get("block_j0", "")}) {{
     const int epi = EPI;
     float tile[MR * NR];
     for (int jc = 0; jc < N; jc += nc) {{
@@ -162,7 +165,7 @@ static void gemm_block(const float *A, const float *B, const float *bias, float 
             int kb = K - pc < kc ? K - pc : kc;
             int first = pc == 0, last = pc + kb >= K;
             float *bp = {"scratch(&buf_b, &cap_b, (size_t)((nb + NR - 1) / NR) * NR * kb)" if pb else "NULL"};
-            {"pack_b(kb, nb, B + (long)pc * ldb + jc, ldb, bp);" if pb else ""}
+            {pack_call if pb else ""}
             for (int ic = 0; ic < M; ic += mc) {{
                 int mb = M - ic < mc ? M - ic : mc;
                 float *ap = {"scratch(&buf_a, &cap_a, (size_t)((mb + MR - 1) / MR) * MR * kb)" if pa else "NULL"};
@@ -195,10 +198,10 @@ static void gemm_block(const float *A, const float *B, const float *bias, float 
     }}
 }}
 
-typedef struct {{ const float *A, *B, *bias; float *C; int M, N, K, mc, kc, nc, threads, par; }} gemm_args;
+{q.get("args", "typedef struct {{ const float *A, *B, *bias; float *C; int M, N, K, mc, kc, nc, threads, par; }} gemm_args;").replace("{{", "{").replace("}}", "}")}
 
 void pf_gemm(const gemm_args *g) {{
-    const float *A = g->A, *B = g->B, *bias = g->bias; float *C = g->C;
+    {q.get("setup", "const float *A = g->A, *B = g->B, *bias = g->bias; float *C = g->C;")}
     int M = g->M, N = g->N, K = g->K;
 #ifdef _OPENMP
     if (g->threads > 1) {{
@@ -208,19 +211,19 @@ void pf_gemm(const gemm_args *g) {{
             if (g->par == 0) {{
                 int units = (N + NR - 1) / NR, per = (units + T - 1) / T;
                 int n0 = t * per * NR, n1 = n0 + per * NR < N ? n0 + per * NR : N;
-                if (n0 < n1) gemm_block(A, B + n0, bias ? bias + n0 : NULL, C + n0, M, n1 - n0, K, K, N, N,
-                                        g->mc, g->kc, g->nc);
+                if (n0 < n1) gemm_block(A, {q.get("b_cols", "B + n0")}, bias ? bias + n0 : NULL, C + n0, M, n1 - n0, K, K, N, N,
+                                        g->mc, g->kc, g->nc{q.get("j0", "")});
             }} else {{
                 int units = (M + MR - 1) / MR, per = (units + T - 1) / T;
                 int m0 = t * per * MR, m1 = m0 + per * MR < M ? m0 + per * MR : M;
                 if (m0 < m1) gemm_block(A + (long)m0 * K, B, bias, C + (long)m0 * N, m1 - m0, N, K, K, N, N,
-                                        g->mc, g->kc, g->nc);
+                                        g->mc, g->kc, g->nc{q.get("j0_zero", "")});
             }}
         }}
         return;
     }}
 #endif
-    gemm_block(A, B, bias, C, M, N, K, K, N, N, g->mc, g->kc, g->nc);
+    gemm_block(A, B, bias, C, M, N, K, K, N, N, g->mc, g->kc, g->nc{q.get("j0_zero", "")});
 }}
 """
     return body
@@ -230,6 +233,9 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], A, B, bias, C):
     """A zero-argument callable running the kernel on these numpy arrays (kept alive by the closure)."""
     M, K = A.shape
     N = B.shape[1]
+    if qgemm.parts(knobs) is not None:  # quantised B, packed once (cached) in the layout its packing reads
+        args, pk = qgemm.args(knobs, A, B, bias, C)
+        return struct_call(lib.pf_gemm, args, (A, B, pk, bias, C))
     args = GemmArgs(A.ctypes.data, B.ctypes.data, bias.ctypes.data if bias is not None else None, C.ctypes.data,
                     M, N, K, knobs["mc"], knobs["kc"], knobs["nc"], knobs["threads"], 0 if knobs["par"] == "n" else 1)
     return struct_call(lib.pf_gemm, args, (A, B, bias, C))

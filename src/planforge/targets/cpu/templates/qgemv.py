@@ -263,19 +263,21 @@ def quantised(knobs: dict[str, Any]) -> bool:
     return knobs.get("wfmt", "fp32") != "fp32"
 
 
-def variants(lim) -> tuple[str, ...]:
+def variants(lim, activations: bool = True) -> tuple[str, ...]:
     """The quantised variants (``planforge.quant.variant``) this machine runs: every format and int4 block, and
-    int8 weights with dynamic int8 activations where a vector width has a u8 x s8 dot product (VNNI)."""
-    return ("fp32", "bf16", "int8", *(("int8+a8",) if lim.dot_i8_lanes else ()),
+    (``activations``) int8 weights with dynamic int8 activations where a vector width has a u8 x s8 dot
+    product (VNNI)."""
+    return ("fp32", "bf16", "int8", *(("int8+a8",) if lim.dot_i8_lanes and activations else ()),
             *(variant("int4", b) for b in INT4_BLOCKS))
 
 
-def with_formats(space: Space, names: tuple[str, ...], dot_lanes: tuple[int, ...] = ()) -> Space:
-    """``space`` (the fp32 GEMV's) with the weight format as a gene beside its tile knobs: ``wfmt`` among the
-    formats of the variants ``names``, ``qblock`` (int4's block along K) among their blocks, and ``act``
-    (dynamic int8 activations) when ``int8+a8`` is among them (at the widths ``dot_lanes`` with a dot
-    product). A quantised plan is always packed in panels, and only int4 has a block size, so the
-    restrictions keep one point per distinct kernel."""
+def with_formats(space: Space, names: tuple[str, ...], dot_lanes: tuple[int, ...] = (),
+                 packed: str = "w_layout == 'packed'") -> Space:
+    """``space`` (the fp32 GEMV's, or GEMM's) with the weight format as a gene beside its tile knobs: ``wfmt``
+    among the formats of the variants ``names``, ``qblock`` (int4's block along K) among their blocks, and
+    ``act`` (dynamic int8 activations) when ``int8+a8`` is among them (at the widths ``dot_lanes`` with a dot
+    product). A quantised plan always packs its weights (``packed``: the condition that says so in this
+    space), and only int4 has a block size, so the restrictions keep one point per distinct kernel."""
     try:
         vk = [variant_knobs(n) for n in names]
     except ValueError as e:
@@ -283,7 +285,7 @@ def with_formats(space: Space, names: tuple[str, ...], dot_lanes: tuple[int, ...
     formats = tuple(dict.fromkeys(k["wfmt"] for k in vk))
     blocks = tuple(dict.fromkeys(k["qblock"] for k in vk if k["wfmt"] == "int4")) or INT4_BLOCKS[:1]
     knobs = [*space.knobs, categorical("wfmt", formats), categorical("qblock", blocks)]
-    rules = [*space.restrictions, "wfmt == 'fp32' or w_layout == 'packed'", f"wfmt == 'int4' or qblock == {blocks[0]}"]
+    rules = [*space.restrictions, f"wfmt == 'fp32' or {packed}", f"wfmt == 'int4' or qblock == {blocks[0]}"]
     if "int8+a8" in names and dot_lanes:
         acts = ("fp32", "int8") if "int8" in names else ("int8",)
         knobs.append(categorical("act", acts))
