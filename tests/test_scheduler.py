@@ -256,3 +256,42 @@ def test_the_hope_is_the_expected_saving_of_one_more_exchangeable_plan():
     # fewer than k + 1 valid measurements: the optimistic best / n
     few = state([1.0, 1.5, 2.0])
     assert g.gain(few) == pytest.approx(2.0 * 0.8 * 1.0 / 3)
+
+
+def test_parked_executors_close_between_grants_and_the_search_goes_on_as_before():
+    """With open_limit 1 each task's executor is closed when another task is granted, and made anew at its
+    next grant: the searches propose, measure and rank exactly as with every executor kept open."""
+    space, backend = _space_and_table()
+    opened, closed = [], []
+
+    class Counting(InlineExecutor):
+        def __init__(self, be, key):
+            super().__init__(be)
+            self.key = key
+            opened.append(key)
+
+        def close(self):
+            closed.append(self.key)
+            super().close()
+
+    def searches():
+        return [TaskSearch(k, w, space, lambda where: make_strategy("random", space, 3),
+                           (lambda k=k: Counting(backend, k)), backend.fingerprint)
+                for k, w in (("a", 3), ("b", 1), ("c", 2))]
+
+    kept, parked = searches(), searches()
+    schedule(kept, Gradient(), total=30)
+    assert len(opened) == 3 and not closed
+    results = [k.result() for k in kept]
+    opened.clear(), closed.clear()
+    schedule(parked, Gradient(), total=30, open_limit=1)
+    assert len(opened) > 3  # parked executors were made anew at a later grant
+    assert len(opened) - len(closed) <= 1  # at most one stays open
+    for rk, k, p in zip(results, kept, parked):
+        rp = p.result()
+        assert [t.candidate.fingerprint for t in rk.trials] == [t.candidate.fingerprint for t in rp.trials]
+        assert rk.curve == rp.curve and k.state.evals == p.state.evals
+        assert rp.executor["kind"] == "inline" and rp.executor["slots"] == 1
+    assert len(opened) == len(closed)  # result() closes what is still open
+    with pytest.raises(ValueError, match="at least one executor"):
+        schedule(searches(), Gradient(), total=30, open_limit=0)

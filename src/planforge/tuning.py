@@ -30,6 +30,7 @@ from .warmstart import auto_warm, load_sources
 from .workloads import Task, Workload
 
 FINALIST_ROUNDS = 3
+OPEN_EXECUTORS = 4  # tasks of a scheduled workload whose executors stay open between their grants (the latest granted)
 
 __all__ = ["FALLBACK_WITHIN", "FINALIST_ROUNDS", "TaskResult", "TuneResult", "build_spec", "task_spec",
            "toolchain", "tune"]
@@ -272,8 +273,11 @@ def _search_tasks(db: Records, run_id: str, workload: Workload, strategy: str, b
             joined = [searches[0].result()]
         else:
             step = step or searches[0].width()  # a grant fills the executor's slots
+            # a task's executor holds its workers (processes, core claims, actors) between its grants: only
+            # the few tasks granted last keep theirs, so a model of many tasks does not hold a set per task
+            inline = not executor or executor.get("kind", "local") == "inline"
             grants = schedule(searches, sched, budget.evals, warmup=warmup, step=step, seconds=budget.seconds,
-                              on_grant=on_grant)
+                              on_grant=on_grant, open_limit=None if inline else OPEN_EXECUTORS)
             spent = sum(g.spent for g in grants)
             joined = [s.result(f"the workload's budget of {budget.evals} evaluations spent, {s.state.evals} "
                                f"of them on this task" if budget.evals is not None else

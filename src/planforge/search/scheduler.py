@@ -222,7 +222,8 @@ class Grant:
 
 def schedule(searches: Sequence[Grantable], scheduler: Scheduler, total: int | None, warmup: int = DEFAULT_WARMUP,
              step: int = 1, seconds: float | None = None,
-             on_grant: Callable[[Grant, Sequence[TaskState]], None] | None = None) -> list[Grant]:
+             on_grant: Callable[[Grant, Sequence[TaskState]], None] | None = None,
+             open_limit: int | None = None) -> list[Grant]:
     """Spend ``total`` evaluations across ``searches``; the grants in the order they were made.
 
     Parameters:
@@ -234,11 +235,16 @@ def schedule(searches: Sequence[Grantable], scheduler: Scheduler, total: int | N
         step: evaluations per grant after the warm-up (default 1: every evaluation is a decision).
         seconds: wall seconds for all grants (default None: no limit).
         on_grant: called after each grant with it and every task's state (progress display).
+        open_limit: at most this many searches keep their executors open between grants (default None: all);
+            the least recently granted ones beyond it, and every stopped one, are parked (``park()``, where a
+            search has one), so that many tasks do not each hold their workers.
     Raises ValueError when ``total`` cannot give each task one evaluation."""
     if not searches:
         return []
     if step < 1 or warmup < 1:
         raise ValueError(f"the scheduler's step and warm-up must be at least 1 evaluation, got {step} and {warmup}")
+    if open_limit is not None and open_limit < 1:
+        raise ValueError(f"the scheduler keeps at least one executor open, got open_limit {open_limit}")
     if total is not None and total < len(searches):
         raise ValueError(f"a budget of {total} evaluations cannot give each of the {len(searches)} tasks one: "
                          f"give at least {len(searches)}")
@@ -246,6 +252,11 @@ def schedule(searches: Sequence[Grantable], scheduler: Scheduler, total: int | N
     grants: list[Grant] = []
     states = [s.state for s in searches]
     spent_all = 0
+    recent: list[int] = []  # searches in the order they were last granted, the latest last
+
+    def park(i: int) -> None:
+        if hasattr(searches[i], "park"):
+            searches[i].park()
 
     def left() -> int | None:
         return None if total is None else total - spent_all
@@ -261,6 +272,14 @@ def schedule(searches: Sequence[Grantable], scheduler: Scheduler, total: int | N
         spent_all += spent
         if k is not None and spent < k and not st.stopped:
             st.stopped = f"its search took {spent} of the {k} evaluations granted"
+        if open_limit is not None:
+            if i in recent:
+                recent.remove(i)
+            recent.append(i)
+            if st.stopped:
+                park(i)
+            for j in recent[:-open_limit]:
+                park(j)
         g = Grant(st.key, -1 if k is None else k, spent, score)
         grants.append(g)
         if on_grant:
@@ -316,7 +335,8 @@ class TaskSearch:
         screen: the funnel's roofline screen (default None).
         ordered: settle results in submission order (default True: what the driver asks for).
         kind: the executor's kind, for ``result().executor`` (default "inline").
-    Call ``result`` before ``close``: it reads the executor's slots and seconds.
+    ``result`` closes the executor (its figures summed over every executor the grants made: ``park`` closes
+    one between grants).
     """
 
     def __init__(self, key: str, weight: float, space: Space, strategy_for: Callable[[str], Strategy],
@@ -338,6 +358,7 @@ class TaskSearch:
         self._targets: list[str] = []  # every device fingerprint searched, in the order the loop met them
         self._seconds = 0.0
         self._executor: Executor | None = None
+        self._made: dict | None = None  # the executor's figures, summed over the ones parked so far
         self._t0: float | None = None
         self.grants = 0
 
@@ -351,19 +372,43 @@ class TaskSearch:
             self._cache[where] = dict(self._cache_for(where) if self._cache_for else {})
         return self._cache[where]
 
+    def _open(self) -> Executor:
+        if self._executor is None:
+            self._executor = self._make_executor()
+        return self._executor
+
+    def park(self) -> bool:
+        """Close the executor between grants (its worker processes, core claims or actors), keeping the
+        search's state; the next grant makes a new one. The scheduler parks the tasks it has not granted for
+        a while, so that a model of many tasks does not hold one set of workers per task. False when there
+        was nothing to close."""
+        ex = self._executor
+        if ex is None:
+            return False
+        figures = self._figures(ex)
+        if self._made is not None:
+            figures = {**figures, "startup_s": figures["startup_s"] + self._made["startup_s"],
+                       "build_s": figures["build_s"] + self._made["build_s"],
+                       "measure_s": figures["measure_s"] + self._made["measure_s"]}
+        self._made = figures
+        self._executor = None
+        ex.close()
+        return True
+
+    def _figures(self, ex: Executor) -> dict:
+        return {"kind": self.kind, "slots": ex.slots, "targets": ex.slots_by_target(), "startup_s": ex.ready_s,
+                "build_s": ex.seconds["build"], "measure_s": ex.seconds["measure"]}
+
     def width(self) -> int:
         """Candidates its executor takes at once per device fingerprint (slots and look-ahead; 1 on one slot):
         a grant smaller than this leaves slots idle. Makes the executor if no grant has yet."""
-        if self._executor is None:
-            self._executor = self._make_executor()
-        return max(1, max(self._executor.free_by_target().values(), default=1))
+        return max(1, max(self._open().free_by_target().values(), default=1))
 
     def grant(self, evals: int | None, seconds: float | None = None) -> int:
         """Run up to ``evals`` more evaluations (None: no limit) within ``seconds``; returns how many were spent."""
         if self.state.stopped:
             return 0
-        if self._executor is None:
-            self._executor = self._make_executor()
+        executor = self._open()
         start = time.perf_counter()
         if self._t0 is None:
             self._t0 = start
@@ -383,7 +428,7 @@ class TaskSearch:
         budget = Budget(evals=evals, seconds=seconds) if (evals is not None or seconds is not None) else None
         if budget is None:
             raise ValueError("a grant needs evaluations, seconds or both")
-        res = search_async(self.space, self._strategy, self._executor, budget, keep=self.keep, cache=self._known,
+        res = search_async(self.space, self._strategy, executor, budget, keep=self.keep, cache=self._known,
                            on_done=done, screen=self.screen, ordered=self.ordered, default_target=self.default_target)
         self.grants += 1
         self._seconds += res.seconds
@@ -429,17 +474,17 @@ class TaskSearch:
                                             self._seconds, self._counts.get(where, Counter()))
         res = by_target[self._main()] if self._main() in by_target else next(iter(by_target.values()))
         res.by_target = by_target
-        ex = self._executor
-        if ex is not None:
-            res.executor = {"kind": self.kind, "slots": ex.slots, "targets": ex.slots_by_target(),
-                            "startup_s": ex.ready_s, "build_s": ex.seconds["build"],
-                            "measure_s": ex.seconds["measure"]}
+        if self._executor is not None:
+            self.park()  # (sums its figures into the parked ones')
+        if self._made is not None:
+            res.executor = dict(self._made)
         return res
 
     def close(self) -> None:
         """Close the executor made for the grants (the task's backend is the caller's)."""
         if self._executor is not None:
-            self._executor.close()
+            ex, self._executor = self._executor, None
+            ex.close()
 
 
 def _curve(trials: Sequence[Trial]) -> list[tuple[int, float]]:
