@@ -148,4 +148,4 @@ def test_onnx_import_maps_them(tmp_path):
     nodes[2] = helper.make_node("Swish", ["t"], ["y"], alpha=2.0)
     bad = helper.make_model(helper.make_graph(nodes, "acts", [x], [y]), opset_imports=[helper.make_opsetid("", 24)])
     with pytest.raises(UnsupportedOp, match="alpha=2"):
-        from_onnx(bad)
+        from_onnx(bad, strict=True)

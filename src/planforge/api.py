@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .ir.graph import INPUT_DTYPES
 from .spec import SpecError, load_spec
 from .targets import Target, TargetError, get_target
 
@@ -79,7 +80,8 @@ class LoadedPlan:
     def __init__(self, spec: dict, graph, task: dict | None, target: Target):
         self.spec, self.graph, self.target = spec, graph, target
         self.fallback = task.get("fallback") if task is not None else None
-        self._signature = [(tuple(spec["manifest"]["shapes"][n]), np.dtype(np.float32)) for n in graph.inputs]
+        self._signature = [(tuple(spec["manifest"]["shapes"][n]), np.dtype(INPUT_DTYPES[graph.input_dtype(n)]))
+                           for n in graph.inputs]
         try:
             if task is None:
                 from .endtoend import chain_from_spec
@@ -157,7 +159,7 @@ class LoadedPlan:
 
 
 
-_NUMPY_DTYPES = {"fp32": np.float32}
+_NUMPY_DTYPES = INPUT_DTYPES   # manifest dtype -> numpy
 
 
 def check_inputs(spec: dict, graph, arrays) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..ops.base import EXACT_INT
 from .graph import Graph, GraphError, Node, node_shape
 
 
@@ -33,6 +34,19 @@ class UnsupportedOp(GraphError):
         self.op, self.where, self.reason = op, where, reason
         msg = f"unsupported op {op} at {where}"
         super().__init__(msg + (f": {reason}" if reason else ""))
+
+
+class UnsupportedOps(UnsupportedOp):
+    """Every op of a model with no IR mapping (strict import), each with where it is; ``ops`` lists them."""
+
+    def __init__(self, ops: Sequence[UnsupportedOp]):
+        self.ops = list(ops)
+        first = self.ops[0]
+        self.op, self.where, self.reason = first.op, first.where, first.reason
+        lines = [f"  - {u.op} at {u.where}" + (f": {u.reason}" if u.reason else "") for u in self.ops]
+        kinds = sorted({u.op for u in self.ops})
+        GraphError.__init__(self, f"{len(self.ops)} unsupported op(s) ({', '.join(kinds)}); strict import refuses "
+                                  f"them (without strict they run as library fallback steps):\n" + "\n".join(lines))
 
 
 class ModelError(GraphError):
@@ -97,6 +111,8 @@ class Emitter:
         self._transposed: dict[int, Const] = {}
         self._keep: list[Const] = []
         self.producer: dict[str, Node] = {}
+        self.fallbacks: list[UnsupportedOp] = []   # ops lowered to fallback steps (ir.fallback), in order
+        self.dtypes: dict[str, Any] = {}           # source element types by value name, where the importer knows them
 
     # -- bookkeeping ---------------------------------------------------------------------------------------------
 
@@ -125,9 +141,12 @@ class Emitter:
         hit = self._params.get(id(c))
         if hit:
             return hit[1]
-        if c.value.dtype.kind != "f":
+        if c.value.dtype.kind not in "fiub":
             raise self.unsupported(f"constant {c.hint!r} of dtype {c.value.dtype} is used as a tensor operand; "
                                    f"the IR computes in fp32 only")
+        if c.value.dtype.kind != "f" and c.value.size and np.abs(c.value).max() > EXACT_INT:
+            raise self.unsupported(f"integer constant {c.hint!r} holds values past {EXACT_INT}, which fp32 (how the "
+                                   f"IR carries integers) does not hold exactly")
         name = self.unique(c.hint)
         self.g.params[name] = np.ascontiguousarray(c.value, dtype=np.float32)
         self.shapes[name] = tuple(c.value.shape)
@@ -273,17 +292,24 @@ class Emitter:
             return Const(a.value * b.value, a.hint)
         if isinstance(a, Const):
             a, b = b, a
-        if not isinstance(b, Const):
-            raise self.unsupported(f"multiplies two computed tensors ({self.shape(a)} and {self.shape(b)}); the IR "
-                                   f"multiplies only by a constant scalar (op 'scale')")
-        k = self.uniform(b)
-        if k is None:
-            raise self.unsupported(f"multiplies {self.shape(a)} by a non-uniform tensor of shape {self.shape(b)}; "
-                                   f"the IR multiplies only by a scalar (op 'scale')")
-        out = np.broadcast_shapes(self.shape(a), self.shape(b))
-        if out != self.shape(a):
-            raise self.unsupported(f"multiplying {self.shape(a)} by {self.shape(b)} broadcasts to {out}")
+        k = self.uniform(b) if isinstance(b, Const) else None
+        try:
+            out = np.broadcast_shapes(self.shape(a), self.shape(b))
+        except ValueError:
+            raise self.unsupported(f"shapes {self.shape(a)} and {self.shape(b)} do not broadcast") from None
+        if k is None or out != self.shape(a):
+            return self.node("multiply", [a, b], name)     # elementwise, broadcast
         return self.scale(a, k, name)
+
+    def div(self, a: Value, b: Value, name: str) -> Value:
+        """``a / b``: a scale by a uniform constant divisor, else an elementwise (broadcast) ``divide``."""
+        a, b = self._as_const(a, name), self._as_const(b, name)
+        if isinstance(a, Const) and isinstance(b, Const):
+            return Const(a.value / b.value, a.hint)
+        d = self.uniform(b) if isinstance(b, Const) else None
+        if d is not None and d != 0 and np.broadcast_shapes(self.shape(a), self.shape(b)) == self.shape(a):
+            return self.scale(a, 1.0 / d, name)
+        return self.node("divide", [a, b], name)
 
     def add(self, a: Value, b: Value, name: str, alpha: float = 1.0) -> Value:
         """``a + alpha * b`` with numpy broadcasting where the IR can say it exactly."""
@@ -298,12 +324,11 @@ class Emitter:
                 out = np.broadcast_shapes(sa, sb)
             except ValueError:
                 raise self.unsupported(f"shapes {sa} and {sb} do not broadcast") from None
-            if out != sa:
-                raise self.unsupported(f"adding a constant of shape {sb} broadcasts {sa} up to {out}")
-            if not sa:
-                raise self.unsupported("adds to a 0-d tensor")
             v = b.value.astype(np.float32) * np.float32(alpha)
             hint = b.hint if alpha == 1.0 else f"{b.hint}*{alpha:g}"
+            if out != sa or not sa:       # the constant widens the tensor (or the tensor is 0-d): a plain add
+                return self.node("add", [self.broadcast(a, out, name + ".a"), Const(
+                    np.ascontiguousarray(np.broadcast_to(v, out)), hint)], name)
             n = sa[-1]
             if v.size == 1:
                 return self.node("bias", [a, Const(np.full(n, v.reshape(-1)[0], np.float32), hint)], name)
@@ -315,9 +340,21 @@ class Emitter:
             b = self.scale(b, alpha, name + ".scaled")
         sa, sb = self.shape(a), self.shape(b)
         if sa != sb:
-            raise self.unsupported(f"adds two computed tensors of shapes {sa} and {sb}; the IR's add needs equal "
-                                   f"shapes (a broadcast add is only supported against a constant)")
+            try:
+                out = np.broadcast_shapes(sa, sb)
+            except ValueError:
+                raise self.unsupported(f"shapes {sa} and {sb} do not broadcast") from None
+            a, b = self.broadcast(a, out, name + ".a"), self.broadcast(b, out, name + ".b")
         return self.node("add", [a, b], name)
+
+    def broadcast(self, x: Value, shape: Sequence[int], name: str) -> Value:
+        """``x`` expanded to ``shape`` (numpy's rules; op ``expand``): how ``add`` meets operands of two shapes."""
+        shape = as_shape(shape)
+        if self.shape(x) == shape:
+            return x
+        if isinstance(x, Const):
+            return Const(np.ascontiguousarray(np.broadcast_to(x.value, shape)), x.hint)
+        return self.node("expand", [x], name, shape=shape)
 
     def matmul(self, a: Value, b: Value, name: str) -> Value:
         sa, sb = self.shape(a), self.shape(b)

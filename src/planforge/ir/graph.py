@@ -4,6 +4,14 @@ A ``Graph`` has runtime ``inputs`` (in call order), ``params`` (weights, as
 numpy arrays), ``nodes`` in topological order, each producing one named
 value, and ``outputs``. Weights of matmul/linear are stored [K, N] (the
 importers transpose PyTorch's [N, K]).
+
+Every value is computed in ``dtype`` (fp32). An input may instead be declared
+integer or boolean (``input_dtypes``: token ids, an attention mask): callers
+pass it in that dtype, and inside the graph it is carried, like every integer
+or boolean intermediate (a comparison's 0/1, a gathered index), as exact
+float32 values. That is exact for integers of magnitude up to 2**24
+(``ops.base.EXACT_INT``), which the ops that index (``gather``) check against their
+table sizes.
 """
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ import numpy as np
 from ..ops import REGISTRY, ShapeError, ir_ops
 
 DTYPES = ("fp32",)
+INPUT_DTYPES = {"fp32": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
 
 
 class GraphError(ValueError):
@@ -43,6 +52,10 @@ class Graph:
     nodes: list[Node]
     outputs: list[str]
     dtype: str = "fp32"
+    input_dtypes: dict[str, str] = field(default_factory=dict)   # inputs that are not `dtype`: int64, int32, bool
+
+    def input_dtype(self, name: str) -> str:
+        return self.input_dtypes.get(name, self.dtype)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The shape of every value; ``GraphError`` when the graph is not valid."""
@@ -53,8 +66,30 @@ class Graph:
         return interpret(self, args, dtype)
 
     def example_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Random inputs: standard normal floats; integers in [0, rows) of the smallest table an op indexes with
+        them (``index_bound``; 2 when none does); booleans 0/1."""
         rng = np.random.default_rng(seed)
-        return [rng.standard_normal(s, dtype=np.float32) for s in self.inputs.values()]
+        out = []
+        for name, s in self.inputs.items():
+            dt = self.input_dtype(name)
+            if dt == self.dtype:
+                out.append(rng.standard_normal(s, dtype=np.float32))
+            else:
+                high = 2 if dt == "bool" else self.index_bound(name)
+                out.append(rng.integers(0, high, size=s).astype(INPUT_DTYPES[dt]))
+        return out
+
+    def index_bound(self, name: str) -> int:
+        """The number of rows of the smallest table an op indexes with value ``name`` (2 when none does)."""
+        shapes = {**self.inputs, **{k: tuple(v.shape) for k, v in self.params.items()}}
+        bounds = []
+        for n in self.nodes:
+            op = REGISTRY.get(n.op)
+            if op is not None and op.index_bound is not None and name in n.inputs[1:]:
+                src = shapes.get(n.inputs[0])
+                if src is not None:
+                    bounds.append(op.index_bound(src, n.attrs))
+        return min(bounds, default=2)
 
     def param_bytes(self) -> int:
         return sum(int(v.nbytes) for v in self.params.values())
@@ -84,6 +119,10 @@ def node_shape(node: Node, shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...
 def validate(g: Graph) -> dict[str, tuple[int, ...]]:
     if g.dtype not in DTYPES:
         raise GraphError(f"graph {g.name!r}: dtype {g.dtype!r} is not supported (supported: {', '.join(DTYPES)})")
+    for name, dt in g.input_dtypes.items():
+        if name not in g.inputs or dt not in INPUT_DTYPES:
+            raise GraphError(f"graph {g.name!r}: input_dtypes[{name!r}] = {dt!r}: not an input of the graph or not "
+                             f"one of {', '.join(INPUT_DTYPES)}")
     shapes: dict[str, tuple[int, ...]] = {}
     for name, shp in g.inputs.items():
         shp = tuple(shp)

@@ -17,19 +17,25 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .frontend import Const, Emitter, ModelError, Unavailable, as_shape, need_module, op_table
+from .fallback import onnx_node
+from .frontend import (Const, Emitter, ModelError, Unavailable, UnsupportedOp, UnsupportedOps, as_shape, need_module,
+                       op_table)
 from ..ops import ONNX
 from .graph import Graph
 
+_INPUT_DTYPES = {1: "fp32", 7: "int64", 6: "int32", 9: "bool"}   # TensorProto FLOAT, INT64, INT32, BOOL
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
-def from_onnx(path_or_model, input_shapes: dict[str, Sequence[int]] | None = None, name: str | None = None) -> Graph:
+def from_onnx(path_or_model, input_shapes: dict[str, Sequence[int]] | None = None, name: str | None = None,
+              strict: bool = False) -> Graph:
     """Import an ONNX model: a path to a ``.onnx`` file or an ``onnx.ModelProto``.
 
     ``input_shapes`` maps input names to concrete shapes; it is required for inputs with dynamic
     sizes (a ``dim_param`` such as ``"batch"``, or no size at all) and may not contradict a fixed size.
-    ``name`` defaults to the file's stem, else the graph's name.
+    ``name`` defaults to the file's stem, else the graph's name. A node with no IR mapping runs as a library
+    fallback step (ONNX's reference evaluator, numpy); ``strict`` (default False) refuses the model instead,
+    listing every such node at once (``UnsupportedOps``).
     """
     onnx = need_module("onnx", "onnx", "importing an ONNX model")
     model, src = _load(onnx, path_or_model)
@@ -42,7 +48,10 @@ def from_onnx(path_or_model, input_shapes: dict[str, Sequence[int]] | None = Non
     if not model.graph.output:
         raise ModelError(f"{src} has no graph outputs")
     name = name or (Path(path_or_model).stem if is_file else None) or model.graph.name or "onnx"
-    return _Importer(onnx, model, src, name, input_shapes or {}).run()
+    graph, fallbacks = _Importer(onnx, model, src, name, input_shapes or {}).run()
+    if strict and fallbacks:
+        raise UnsupportedOps(fallbacks)
+    return graph
 
 
 def _load(onnx, path_or_model):
@@ -88,12 +97,19 @@ def _dropout(em, node, ins, at, opset):
 
 @_op("Cast")
 def _cast(em, node, ins, at, opset):
+    """Values are fp32 in the IR, integers and booleans held exactly: a cast among those kinds is the value itself,
+    to bool it is ``x != 0``; from a float to an integer (truncation) there is no op here."""
     import onnx
 
-    if at.get("to") != onnx.TensorProto.FLOAT:
-        raise em.unsupported(f"casts to {onnx.TensorProto.DataType.Name(at.get('to', 0))}; the IR computes in "
-                             f"fp32 only")
-    return ins[0]
+    T = onnx.TensorProto
+    src, dst = em.dtypes.get(node.input[0], T.FLOAT), at.get("to")
+    integral = (T.INT64, T.INT32, T.INT16, T.INT8, T.UINT8, T.BOOL)
+    if dst == T.BOOL and src != T.BOOL:
+        return em.node("ne", [ins[0], em.const(np.float32(0), node.output[0] + ".zero")], node.output[0])
+    if src == dst or (dst in (T.FLOAT, T.INT64, T.INT32) and src in integral):
+        return ins[0]
+    raise em.unsupported(f"casts {T.DataType.Name(src)} to {T.DataType.Name(dst or 0)}; the IR computes in fp32 "
+                         f"(integers and booleans held exactly)")
 
 
 @_op("Shape")
@@ -169,7 +185,8 @@ class _Importer:
         self.env: dict[str, Any] = {}
         self.opset = max([o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] or [1])
 
-    def run(self) -> Graph:
+    def run(self) -> tuple[Graph, list[UnsupportedOp]]:
+        """The graph and the nodes it runs as fallback steps."""
         g, em = self.model.graph, self.em
         for init in g.initializer:
             self.env[init.name] = Const(self.onnx.numpy_helper.to_array(init), init.name)
@@ -177,7 +194,11 @@ class _Importer:
         for vi in g.input:
             if vi.name not in self.env:
                 self.env[vi.name] = em.input(vi.name, shapes[vi.name])
-        inferred = self._infer(shapes)
+                dtype = _INPUT_DTYPES[vi.type.tensor_type.elem_type]
+                if dtype != "fp32":
+                    em.g.input_dtypes[self.env[vi.name]] = dtype
+        inferred = self.inferred = self._infer(shapes)
+        em.dtypes = self.types
         for idx, node in enumerate(g.node):
             op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
             label = repr(node.name) if node.name else f"(unnamed, output {node.output[0]!r})" if node.output else ""
@@ -196,7 +217,7 @@ class _Importer:
             for o in node.output[len(outs):]:
                 if o:
                     self.env[o] = Unavailable(f"output {o!r}")
-        return em.finish([self.env[o.name] for o in g.output])
+        return em.finish([self.env[o.name] for o in g.output]), list(em.fallbacks)
 
     def _input_shapes(self) -> dict[str, tuple[int, ...]]:
         g = self.model.graph
@@ -211,10 +232,10 @@ class _Importer:
             t = vi.type.tensor_type
             if not vi.type.HasField("tensor_type"):
                 raise ModelError(f"{self.src}: input {vi.name!r} is not a tensor; only tensor inputs are supported")
-            if t.elem_type != self.onnx.TensorProto.FLOAT:
+            if t.elem_type not in _INPUT_DTYPES:
                 kind = self.onnx.TensorProto.DataType.Name(t.elem_type)
-                raise ModelError(f"{self.src}: input {vi.name!r} has element type {kind}; the IR takes float32 "
-                                 f"inputs only")
+                raise ModelError(f"{self.src}: input {vi.name!r} has element type {kind}; the IR takes FLOAT, INT64, "
+                                 f"INT32 and BOOL inputs")
             dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
                     for d in t.shape.dim] if t.HasField("shape") else None
             given = self.input_shapes.get(vi.name)
@@ -249,7 +270,10 @@ class _Importer:
         except Exception as e:  # InferenceError: the model contradicts itself
             raise ModelError(f"{self.src}: ONNX shape inference failed: {str(e).strip().splitlines()[0]}") from None
         out = {}
-        for vi in [*m.graph.value_info, *m.graph.output]:
+        self.types = {i.name: i.data_type for i in m.graph.initializer}
+        for vi in [*m.graph.input, *m.graph.value_info, *m.graph.output]:
+            if vi.type.HasField("tensor_type"):
+                self.types[vi.name] = vi.type.tensor_type.elem_type
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
                 dims = vi.type.tensor_type.shape.dim
                 if all(d.HasField("dim_value") for d in dims):
@@ -267,11 +291,23 @@ class _Importer:
         if op == "Erf" or any(isinstance(v, _ErfGelu) for v in ins):
             return _erf_gelu(em, node, op, ins)
         fn = PLUMBING.get(op) or (ONNX[op].onnx[op] if op in ONNX else None)
-        if fn is None:
-            raise em.unsupported()
         if any(isinstance(v, Unavailable) for v in ins):
             em.ref(next(v for v in ins if isinstance(v, Unavailable)))
-        return fn(em, node, ins, _attrs(self.onnx, node), self.opset)
+        try:
+            if fn is None:
+                raise em.unsupported()
+            return fn(em, node, ins, _attrs(self.onnx, node), self.opset)
+        except UnsupportedOp as why:
+            return self._fallback(node, ins, why)
+
+    def _fallback(self, node, ins, why):
+        """The node run by ONNX's reference evaluator at run time (its inputs in their source element types)."""
+        T = self.onnx.TensorProto
+        dtypes = [self.onnx.helper.tensor_dtype_to_np_dtype(self.types.get(i, T.FLOAT)).name if i else "float32"
+                  for i in node.input]
+        opsets = {o.domain or "": o.version for o in self.model.opset_import}
+        return onnx_node(self.em, self.onnx, node, ins, opsets, dtypes, [self.inferred.get(o) for o in node.output],
+                         why)
 
     def _fold(self, node, ins):
         """Evaluate a node whose inputs are all constants with ONNX's reference evaluator, at the model's opset."""
@@ -281,8 +317,34 @@ class _Importer:
         feeds = {i: v.value for i, v in zip(node.input, ins) if i}
         try:
             outs = ReferenceEvaluator(node, opsets=opsets).run(None, feeds)
-        except Exception as e:
-            raise self.em.unsupported(f"could not evaluate it on constants: {type(e).__name__}: {e}") from None
+        except Exception as e:  # the reference evaluator mis-evaluates some nodes: onnxruntime is the second opinion
+            try:
+                outs = self._fold_ort(node, feeds)
+            except Exception as e2:
+                raise self.em.unsupported(f"could not evaluate it on constants: {type(e).__name__}: {e} (and with "
+                                          f"onnxruntime: {type(e2).__name__}: {_first_line(e2)})") from None
+        outs = [o if isinstance(o, np.ndarray) else np.asarray(o) for o in outs]
         hint = next((v.hint for v in ins if isinstance(v, Const)), node.output[0])
         hint = hint if sum(isinstance(v, Const) for v in ins) == 1 else node.output[0]
         return tuple(Const(np.asarray(o), hint) for o in outs)
+
+    def _fold_ort(self, node, feeds: dict) -> list:
+        """Evaluate one node on constants with onnxruntime (a one-node model at the source model's opsets)."""
+        import onnxruntime as ort
+
+        helper = self.onnx.helper
+        ins = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+               for k, v in feeds.items()]
+        outs = [helper.make_tensor_value_info(o, self.types.get(o, 0), None) for o in node.output if o]
+        model = helper.make_model(helper.make_graph([node], "fold", ins, outs),
+                                  opset_imports=list(self.model.opset_import))
+        model.ir_version = min(self.model.ir_version or 9, 9)
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        return sess.run(None, {k: np.asarray(v) for k, v in feeds.items()})
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else repr(e)

@@ -4,8 +4,9 @@
 example inputs' shapes and maps the ATen graph op by op (the table is
 ``ATEN`` below). If an op has no mapping, the program is lowered to the core
 ATen op set with ``run_decompositions()`` and mapped again, since a composite
-op may decompose into mapped ones; if that fails too, the error names the op
-as the module wrote it. Weights come from the exported program's parameters,
+op may decompose into mapped ones. An op that still has no mapping runs as a
+library fallback step (torch at run time, ``ir.fallback``), unless the import
+is ``strict``: then every such op is listed in one ``UnsupportedOps``. Weights come from the exported program's parameters,
 buffers and constants; a linear weight is stored [K, N]. Ops whose operands
 are all known at import time are evaluated by torch itself and become
 constants.
@@ -20,22 +21,26 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .frontend import Const, Emitter, ModelError, Unavailable, UnsupportedOp, _first_lines, need_module, op_table
+from .frontend import (Const, Emitter, ModelError, Unavailable, UnsupportedOp, UnsupportedOps, _first_lines,
+                       need_module, op_table)
 from ..ops import TORCH
+from .fallback import torch_node
 from .graph import Graph, GraphError
 
 
-def from_torch(module, example_inputs, name: str | None = None) -> Graph:
+def from_torch(module, example_inputs, name: str | None = None, strict: bool = False) -> Graph:
     """Export ``module`` (a ``torch.nn.Module``) with ``torch.export`` at ``example_inputs`` and import it.
 
     ``example_inputs``: a tensor or a sequence of tensors, the positional arguments of ``forward``;
     their shapes become the graph's (concrete) shapes. The module is exported in eval mode and its
     training flag restored afterwards. ``name`` defaults to the module's class name.
     A ``torch.export.ExportedProgram`` may be passed instead of a module (``example_inputs`` is then unused).
+    An op with no IR mapping runs as a library fallback step (torch itself, at run time; ``ops.fallback``);
+    ``strict`` (default False) refuses the model instead, with an ``UnsupportedOps`` listing every such op.
     """
     torch = need_module("torch", "torch", "importing a PyTorch module")
     if isinstance(module, torch.export.ExportedProgram):
-        return from_exported(module, name=name)
+        return from_exported(module, name=name, strict=strict)
     if not isinstance(module, torch.nn.Module):
         raise ModelError(f"from_torch expects a torch.nn.Module or an ExportedProgram, got {type(module).__name__}")
     if isinstance(example_inputs, torch.Tensor):
@@ -49,31 +54,42 @@ def from_torch(module, example_inputs, name: str | None = None) -> Graph:
                          f"{_first_lines(str(e))}") from None
     finally:
         module.train(was_training)
-    return from_exported(ep, name=name or type(module).__name__)
+    return from_exported(ep, name=name or type(module).__name__, strict=strict)
 
 
-def from_exported(ep, input_shapes: dict[str, Sequence[int]] | None = None, name: str | None = None) -> Graph:
+def from_exported(ep, input_shapes: dict[str, Sequence[int]] | None = None, name: str | None = None,
+                  strict: bool = False) -> Graph:
     """Import a ``torch.export.ExportedProgram``.
 
     ``input_shapes`` maps user input names (the names in ``ep.graph_signature``) to concrete shapes;
     it is needed when the program was exported with dynamic sizes, and then the program is
     re-exported at those shapes. ``name`` defaults to ``"exported"``.
+    ``strict``: refuse ops with no mapping (all of them listed at once) instead of running them as fallback steps.
+    Where the program as exported needs fallbacks, its core-ATen decomposition is tried too, and the import with
+    fewer fallback steps is kept.
     """
     name = name or "exported"
     ep = _specialise(ep, input_shapes)
+    first, error = None, None
     try:
-        return _Importer(ep, name).run()
-    except UnsupportedOp as first:
-        try:
-            with warnings.catch_warnings():      # torch's own deprecation noise, not the user's concern
-                warnings.simplefilter("ignore", FutureWarning)
-                core = ep.run_decompositions()
-        except Exception:
-            raise first from None
-        try:
-            return _Importer(core, name).run()
-        except GraphError:
-            raise first from None
+        first = _Importer(ep, name).run()
+        if not first[1]:
+            return first[0]
+    except UnsupportedOp as e:
+        error = e
+    try:
+        with warnings.catch_warnings():      # torch's own deprecation noise, not the user's concern
+            warnings.simplefilter("ignore", FutureWarning)
+            core = _Importer(ep.run_decompositions(), name).run()
+    except Exception:  # decomposing may raise anything; the import as exported stands
+        core = None
+    best = min((r for r in (first, core) if r is not None), key=lambda r: len(r[1]), default=None)
+    if best is None:
+        raise error from None
+    graph, fallbacks = best
+    if strict and fallbacks:
+        raise UnsupportedOps(fallbacks)
+    return graph
 
 
 # -- shapes -----------------------------------------------------------------------------------------------------------
@@ -183,20 +199,30 @@ def _dropout(em, node, a, kw):
     return a[0]
 
 
-@_op("_to_copy", "to")
+def _dtype_of(x):
+    val = getattr(x, "meta", {}).get("val")
+    return getattr(val, "dtype", None)
+
+
+@_op("_to_copy", "to", "type_as")
 def _to(em, node, a, kw):
-    import torch
+    """A cast. Values are fp32 in the IR, integers and booleans among them held exactly, so a cast between those
+    kinds is the value itself; to bool it is ``x != 0``; float to integer (truncation) has no op here."""
+    src, dst = _dtype_name(_dtype_of(node.args[0])), _dtype_name(node.meta["val"].dtype)
+    if dst == "bool" and src != "bool":
+        return em.node("ne", [a[0], em.const(np.float32(0), node.name + ".zero")], node.name)
+    if src == dst or (dst in ("float32", "int64", "int32") and src in _INTEGRAL):
+        return a[0]
+    raise em.unsupported(f"casts {src} to {dst}; the IR computes in fp32 (integers and booleans held exactly)")
 
-    if node.meta["val"].dtype != torch.float32:
-        raise em.unsupported(f"casts to {node.meta['val'].dtype}; the IR computes in fp32 only")
-    return a[0]
+
+@_op("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "_assert_async")
+def _check(em, node, a, kw):
+    return None          # a check torch.export leaves behind; every shape and dtype is already known
 
 
-@_op("expand", "slice", "expand_copy", "slice_copy")
-def _same_shape(em, node, a, kw):
-    if _out_shape(node) != em.shape(a[0]):
-        raise em.unsupported(f"{node.target.overloadpacket.__name__} from {em.shape(a[0])} to {_out_shape(node)}")
-    return a[0]
+_SHAPE_ONLY = {"new_ones", "new_zeros", "new_full", "new_empty", "ones_like", "zeros_like", "full_like",
+               "empty_like", "sym_size", "sym_numel", "sym_stride"}
 
 
 def lowering(name: str):
@@ -208,6 +234,13 @@ def lowering(name: str):
 
 
 # -- the walk ---------------------------------------------------------------------------------------------------------
+
+_INPUT_DTYPES = {"float32": "fp32", "int64": "int64", "int32": "int32", "bool": "bool"}
+_INTEGRAL = {"int64", "int32", "int16", "int8", "uint8", "bool"}   # held exactly in fp32 (to EXACT_INT)
+
+
+def _dtype_name(dt) -> str:
+    return str(dt).removeprefix("torch.")
 
 def _to_numpy(t) -> np.ndarray:
     import torch
@@ -223,7 +256,8 @@ class _Importer:
         self.ep, self.em = ep, Emitter(name)
         self.env: dict[str, Any] = {}
 
-    def run(self) -> Graph:
+    def run(self) -> tuple[Graph, list[UnsupportedOp]]:
+        """The graph and the ops it runs as fallback steps."""
         import torch
         from torch.export.graph_signature import InputKind, OutputKind
 
@@ -252,7 +286,7 @@ class _Importer:
                         raise ModelError(f"the module returns a non-tensor value {o!r}; only tensor outputs are "
                                          f"supported")
                     vals.append(self.env[o.name])
-                return em.finish(vals)
+                return em.finish(vals), list(em.fallbacks)
             else:
                 raise UnsupportedOp(node.op, _where(node), "graph node kind not supported")
         raise ModelError("the exported program has no output node")
@@ -266,12 +300,17 @@ class _Importer:
             if not isinstance(val, torch.Tensor):
                 raise ModelError(f"input {node.name!r} is a {type(val).__name__}, not a tensor; only tensor inputs "
                                  f"are supported (bind other arguments before exporting)")
-            if val.dtype != torch.float32:
-                raise ModelError(f"input {node.name!r} has dtype {val.dtype}; the IR takes float32 inputs only")
+            dtype = _INPUT_DTYPES.get(_dtype_name(val.dtype))
+            if dtype is None:
+                raise ModelError(f"input {node.name!r} has dtype {val.dtype}; the IR takes float32, int64, int32 "
+                                 f"and bool inputs")
             if not _is_static(val.shape):
                 raise ModelError(f"input {node.name!r} has dynamic shape {tuple(str(d) for d in val.shape)}; "
                                  f"pass input_shapes")
-            return self.em.input(node.name, tuple(val.shape))
+            name = self.em.input(node.name, tuple(val.shape))
+            if dtype != "fp32":
+                self.em.g.input_dtypes[name] = dtype
+            return name
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
             t = ep.state_dict.get(spec.target)
             if t is None:
@@ -282,12 +321,19 @@ class _Importer:
         raise UnsupportedOp(f"{spec.kind.name.lower()} input", _where(node),
                             "only tensor inputs, parameters, buffers and constants are supported")
 
-    def _args(self, node):
+    def _args(self, node, shapes_only: bool = False):
+        """The node's arguments as importer values; ``shapes_only``: runtime tensors as zero constants of their
+        shape and dtype (for ops whose result depends on nothing else)."""
         import torch
 
         def conv(x):
             if isinstance(x, torch.fx.Node):
-                return self.env[x.name]
+                v = self.env[x.name]
+                if shapes_only and isinstance(x.meta.get("val"), torch.Tensor) and not isinstance(v, Const):
+                    val = x.meta["val"]
+                    return Const(np.zeros(tuple(val.shape), dtype=torch.empty(0, dtype=val.dtype).numpy().dtype),
+                                 x.name)
+                return v
             if isinstance(x, (list, tuple)):
                 return type(x)(conv(y) for y in x)
             return x
@@ -306,10 +352,16 @@ class _Importer:
             raise self.em.unsupported("not an ATen op")
         if self._foldable(node, args, kwargs):
             return self._fold(node, args, kwargs)
-        fn = lowering(node.target.overloadpacket.__name__)
-        if fn is None:
-            raise self.em.unsupported()
-        return fn(self.em, node, list(args), kwargs)
+        kind = node.target.overloadpacket.__name__
+        if kind in _SHAPE_ONLY:                   # the result depends on shapes alone, which are all known
+            return self._fold(node, *self._args(node, shapes_only=True))
+        fn = lowering(kind)
+        try:
+            if fn is None:
+                raise self.em.unsupported()
+            return fn(self.em, node, list(args), kwargs)
+        except UnsupportedOp as why:
+            return torch_node(self.em, node, args, kwargs, why)
 
     @staticmethod
     def _leaves(x):

@@ -35,6 +35,31 @@ def ints(s: str) -> tuple[int, ...]:
     return tuple(int(x) for x in s.split(",") if x != "")
 
 
+EXACT_INT = 2 ** 24   # float32 holds every integer of at most this magnitude exactly (how the IR carries integers)
+
+
+def broadcast_shape(shapes: Sequence[Shape], attrs: Attrs = {}) -> Shape:
+    """numpy's broadcast of all operands' shapes; ``ShapeError`` when they do not broadcast."""
+    try:
+        return tuple(np.broadcast_shapes(*(tuple(s) for s in shapes)))
+    except ValueError:
+        raise ShapeError(f"shapes {', '.join(map(str, shapes))} do not broadcast") from None
+
+
+def operand(em: "Emitter", v: Any, hint: str) -> Any:
+    """A framework scalar (a Python number) as a 0-d fp32 constant; anything else as it is."""
+    if isinstance(v, (bool, int, float, np.number)):
+        return em.const(np.asarray(v, dtype=np.float32), hint)
+    return v
+
+
+def torch_out_shape(node) -> Shape:
+    """The output shape torch.export recorded for an FX node (its first output for a tuple)."""
+    val = node.meta["val"]
+    val = val[0] if isinstance(val, (tuple, list)) else val
+    return tuple(int(d) for d in val.shape)
+
+
 def keep_shape(shapes: Sequence[Shape], attrs: Attrs) -> Shape:
     """Elementwise and row-wise ops: the output has the first operand's shape."""
     return tuple(shapes[0])
@@ -73,6 +98,10 @@ class Emitter(Protocol):
     def mul(self, a: Any, b: Any, name: str) -> Any: ...
 
     def scale(self, x: Any, factor: float, name: str) -> Any: ...
+
+    def div(self, a: Any, b: Any, name: str) -> Any: ...
+
+    def broadcast(self, x: Any, shape: Sequence[int], name: str) -> Any: ...
 
     def matmul(self, a: Any, b: Any, name: str) -> Any: ...
 
@@ -158,6 +187,8 @@ class Op:
         tolerance_terms: how many accumulation terms the op adds to a plan's
             error bound (``tolerance_terms(input_shapes)``; default none).
         internal: appears only in the e-graph (from a rewrite), never in an IR graph.
+        index_bound: for an op whose later inputs index into its first (gather), ``index_bound(table_shape,
+            attrs)``: how many index values are valid (random example inputs draw from them; default None).
         doc: one line for error messages and docs.
     """
 
@@ -179,6 +210,7 @@ class Op:
     onnx: Mapping[str, Callable] = field(default_factory=dict)
     tolerance_terms: Callable[[Sequence[Shape]], int] | None = None
     internal: bool = False
+    index_bound: Callable[[Shape, Attrs], int] | None = None
     doc: str = ""
 
     def check_arity(self, n: int) -> str | None:

@@ -1,4 +1,5 @@
-"""scale: ``x * factor`` for a constant scalar ``factor`` (what the importers make of mul, div and neg by a constant)."""
+"""scale: ``x * factor`` for a constant scalar ``factor`` (what the importers make of mul, div and neg by a constant;
+other products and quotients become ``multiply`` and ``divide``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,21 +15,11 @@ def _step(ins, out, attrs):
 def _torch_div(em, node, a, kw):
     if kw.get("rounding_mode") is not None:
         raise em.unsupported(f"division with rounding_mode={kw['rounding_mode']!r}")
-    d = em.uniform(a[1])
-    if d is None:
-        raise em.unsupported("divides by a tensor; the IR divides only by a scalar (op 'scale')")
-    if d == 0:
-        raise em.unsupported("divides by zero")
-    return em.scale(a[0], 1.0 / d, node.name)
+    return em.div(a[0], a[1], node.name)
 
 
 def _onnx_div(em, node, ins, at, opset):
-    d = em.uniform(ins[1])
-    if d is None:
-        raise em.unsupported("divides by a tensor; the IR divides only by a scalar constant (op 'scale')")
-    if d == 0:
-        raise em.unsupported("divides by zero")
-    return em.scale(ins[0], 1.0 / d, node.output[0])
+    return em.div(ins[0], ins[1], node.output[0])
 
 
 OPS = [Op(

@@ -146,7 +146,7 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     goal = Objective.parse(objective)
     if goal.kind != "latency" or goal.share_threshold != Objective().share_threshold:
         opts["objective"] = goal.to_json()
-    manifest = Manifest(name, shapes=shapes, dtypes={k: graph.dtype for k in shapes}, options=opts)
+    manifest = Manifest(name, shapes=shapes, dtypes={k: graph.input_dtype(k) for k in shapes}, options=opts)
     desc = f"{graph.name}: {len(graph.nodes)} ops, {graph.param_bytes() / 1e6:.2f} MB of weights"
     if len(part.parts) > 1:
         desc += f", {len(part.parts)} parts in {len(part.keys)} tasks"

@@ -1,0 +1,30 @@
+"""multiply and divide: ``x * y`` and ``x / y`` of two tensors, elementwise with numpy's broadcasting.
+
+What the importers make of a product or quotient that is not by a uniform
+constant (that one is ``scale``): rotary embeddings (``q * cos``), RMSNorm's
+weight, gates (``silu(g) * u``), a division by a computed norm. The torch
+``mul``/``div`` and ONNX ``Mul``/``Div`` mappings are ``scale``'s, whose
+lowerings (``Emitter.mul``, ``div``) come here for such operands.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Library, Op, broadcast_shape, ufunc_step
+
+
+def _true_divide(em, node, a, kw):
+    if kw.get("rounding_mode") is not None:
+        raise em.unsupported(f"division with rounding_mode={kw['rounding_mode']!r}")
+    return em.node("divide", [a[0], a[1]], node.name)
+
+
+OPS = [
+    Op("multiply", 2, broadcast_shape, reference=lambda a, attrs: a[0] * a[1],
+       library={"multiply": Library(ufunc_step(np.multiply))},
+       doc="x * y (broadcast)"),
+    Op("divide", 2, broadcast_shape, reference=lambda a, attrs: a[0] / a[1],
+       library={"divide": Library(ufunc_step(np.divide))},
+       torch={"true_divide": _true_divide},
+       doc="x / y (broadcast)"),
+]
