@@ -80,3 +80,67 @@ ZOO: dict[str, Callable[[], Graph]] = {
     "transformer-6": lambda: transformer(6),        # six blocks, d=256, sequence 24: tuned as tasks (two kinds)
     "residual-mlp-50": lambda: residual_mlp(50),    # fifty identical residual blocks: one task of weight 50
 }
+
+
+# -- convolutional models (issue 14): NCHW, batch norms with inference statistics, residual blocks ----------------
+
+def _conv_bn(b: GraphBuilder, x: str, cin: int, cout: int, k: int, pre: str, stride: int = 1, groups: int = 1,
+             act: str | None = "relu") -> str:
+    """conv (no bias) -> batchnorm -> act, He-scaled weights and non-trivial statistics."""
+    import numpy as np
+
+    fan = cin // groups * k * k
+    w = b.param(pre + ".w", b.rng.standard_normal((cout, cin // groups, k, k), dtype=np.float32)
+                * np.float32((2.0 / fan) ** 0.5))
+    st = np.stack([1.0 + 0.1 * b.rng.standard_normal(cout), 0.1 * b.rng.standard_normal(cout),
+                   0.1 * b.rng.standard_normal(cout), 1.0 + 0.2 * b.rng.random(cout)])
+    p = k // 2
+    h = b.op("conv2d", x, w, kernel=(k, k), stride=(stride, stride), pads=(p, p, p, p), dilation=(1, 1), groups=groups)
+    h = b.op("batchnorm", h, b.param(pre + ".bn", st), eps=1e-5)
+    return b.op(act, h) if act else h
+
+
+def _basic_block(b: GraphBuilder, x: str, cin: int, cout: int, stride: int, pre: str) -> str:
+    """ResNet's basic block: relu(bn(conv(relu(bn(conv(x))))) + shortcut), a 1x1 conv shortcut when it downsamples."""
+    h = _conv_bn(b, x, cin, cout, 3, pre + ".c1", stride)
+    h = _conv_bn(b, h, cout, cout, 3, pre + ".c2", act=None)
+    sc = x if stride == 1 and cin == cout else _conv_bn(b, x, cin, cout, 1, pre + ".down", stride, act=None)
+    return b.op("relu", b.op("add", h, sc))
+
+
+def conv_bn_relu(size: int = 16, cin: int = 8, cout: int = 16) -> Graph:
+    """One Conv3x3-BN-ReLU block: the seeds' phase-ordering example."""
+    b = GraphBuilder(f"conv-bn-relu-{cin}x{size}x{size}")
+    return b.output(_conv_bn(b, b.input("x", (1, cin, size, size)), cin, cout, 3, "c"))
+
+
+def tiny_resnet(size: int = 32, width: int = 16, blocks: tuple[int, ...] = (2, 2), classes: int = 10,
+                seed: int = 0) -> Graph:
+    """A small ResNet: a 3x3 stem, max pool, stages of basic blocks (each stage after the first halves the size and
+    doubles the width), global average pool and a linear head; identical blocks of a stage make one task."""
+    b = GraphBuilder(f"resnet-tiny-{size}-w{width}", seed=seed)
+    h = _conv_bn(b, b.input("x", (1, 3, size, size)), 3, width, 3, "stem")
+    h = b.op("maxpool2d", h, kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1))
+    cin = width
+    for s, n in enumerate(blocks):
+        cout = width * 2 ** s
+        for i in range(n):
+            h = _basic_block(b, h, cin, cout, 2 if s and not i else 1, f"s{s}.b{i}")
+            cin = cout
+    h = b.op("reshape", b.op("adaptive_avg_pool2d", h, out=(1, 1)), shape=(1, cin))
+    return b.output(b.linear(h, cin, classes, "fc"))
+
+
+def mobile_block(size: int = 16, cin: int = 16, expand: int = 4) -> Graph:
+    """MobileNetV2's inverted residual: 1x1 expand (relu6), 3x3 depthwise (relu6), 1x1 project, residual add."""
+    b = GraphBuilder(f"mobile-block-{cin}x{size}")
+    x = b.input("x", (1, cin, size, size))
+    h = _conv_bn(b, x, cin, cin * expand, 1, "exp", act="relu6")
+    h = _conv_bn(b, h, cin * expand, cin * expand, 3, "dw", groups=cin * expand, act="relu6")
+    h = _conv_bn(b, h, cin * expand, cin, 1, "proj", act=None)
+    return b.output(b.op("add", x, h))
+
+
+ZOO["conv-bn-relu"] = conv_bn_relu
+ZOO["resnet-tiny"] = tiny_resnet
+ZOO["mobile-block"] = mobile_block

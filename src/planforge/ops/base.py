@@ -181,6 +181,8 @@ class Op:
         kernel: ``kernel(input_shapes, out_shape, attrs) -> Problem | None``.
         epilogue: how an elementwise template applies the op (None: it cannot).
         flops: ``flops(input_shapes, out_shape, attrs)`` (default 1 per output element).
+        roofline: the analysis estimates the op by its own ``flops`` and its operands' bytes (a convolution),
+            not by the per-element default (default False).
         view: no work at run time (a reshape is a view of its input).
         torch: ATen overload packet name -> ``lower(em, node, args, kwargs)`` (``em``: an ``Emitter``).
         onnx: ONNX op type -> ``lower(em, node, inputs, attrs, opset)``.
@@ -205,6 +207,7 @@ class Op:
     kernel: Callable[[Sequence[Shape], Shape, Attrs], Any] | None = None
     epilogue: Epilogue | None = None
     flops: Callable[[Sequence[Shape], Shape, Attrs], float] = elementwise_flops(1.0)
+    roofline: bool = False
     view: bool = False
     torch: Mapping[str, Callable] = field(default_factory=dict)
     onnx: Mapping[str, Callable] = field(default_factory=dict)

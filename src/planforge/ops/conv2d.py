@@ -251,6 +251,7 @@ OPS = [Op(
     templated=True,
     kernel=lambda s, out, attrs: conv_problem("conv2d", False, s, out, attrs),
     flops=flops,
+    roofline=True,
     torch={"conv2d": _torch, "convolution": _torch},
     onnx={"Conv": _onnx},
     tolerance_terms=lambda s: s[1][1] * s[1][2] * s[1][3],

@@ -56,13 +56,13 @@ def unpack(wss, w_shape):
     return wss[:, :k].reshape(w_shape), wss[:, k], wss[:, k + 1]
 
 
-def _w_shape(kind, s, attrs):
+def _w_shape(kind, s, attrs, nhwc=False):
     """The weight shape [O, Cg, KH, KW] of a fused form (a packed one keeps it in the geometry)."""
     if KINDS[kind] != ("packed",):
         return tuple(s[1])
     g = attrs["groups"]
     kh, kw = attrs["kernel"]
-    C = s[0][1]
+    C = s[0][3] if nhwc else s[0][1]
     O = s[1][0]
     need(s[1][1] == C // g * kh * kw + 2, f"packed convolution parameter {s[1]} does not fit {C} channels")
     return (O, C // g, kh, kw)
@@ -82,7 +82,7 @@ def fused_ref(kind: str, a, s: str, nhwc: bool = False):
     attrs, acts = split_attr(s)
     x = np.transpose(a[0], (0, 3, 1, 2)) if nhwc else a[0]
     shapes = [x.shape] + [np.shape(t) for t in a[1:]]
-    w, scale, shift = _scale_shift(kind, a, _w_shape(kind, shapes, attrs))
+    w, scale, shift = _scale_shift(kind, a, _w_shape(kind, shapes, attrs))  # x is NCHW here
     y = conv_ref(x, np.asarray(w, x.dtype), None, attrs)
     if scale is not None:
         y = y * np.asarray(scale, x.dtype).reshape(1, -1, 1, 1)
@@ -100,7 +100,7 @@ def fused_ref(kind: str, a, s: str, nhwc: bool = False):
 
 def _shape(kind, nhwc):
     def shape(s, attrs):
-        out = conv_shape(s[0], _w_shape(kind, s, attrs), attrs, nhwc)
+        out = conv_shape(s[0], _w_shape(kind, s, attrs, nhwc), attrs, nhwc)
         O = out[3] if nhwc else out[1]
         if kind in ("conv2d", "conv_act") and len(s) == 3:
             need(tuple(s[2]) == (O,), f"bias {s[2]} does not match the {O} output channels")
@@ -127,7 +127,7 @@ def _egg(kind):
 
 def _flops(kind, nhwc):
     def flops(s, out, attrs):
-        return conv_flops(s[0], _w_shape(kind, s, attrs), out) + 2.0 * math.prod(out)
+        return conv_flops(s[0], _w_shape(kind, s, attrs, nhwc), out) + 2.0 * math.prod(out)
     return flops
 
 
@@ -138,7 +138,7 @@ def _op(kind: str, nhwc: bool) -> Op:
               reference=lambda a, attrs, kind=kind, nhwc=nhwc: fused_ref(kind, a, _egg(kind)(attrs), nhwc),
               egg_attr=_egg(kind), from_egg=_from_egg, templated=True,
               kernel=lambda s, out, attrs, kind=kind, nhwc=nhwc: conv_problem(kind, nhwc, s, out, attrs),
-              flops=_flops(kind, nhwc), internal=True,
+              flops=_flops(kind, nhwc), roofline=True, internal=True,
               doc=f"{kind} in {'NHWC' if nhwc else 'NCHW'} (a form of the convolution rules)")
 
 
@@ -170,6 +170,75 @@ def _pack_step(ins, out, attrs):
 
 PACK = Op("conv_pack", (1, 2), _pack_shape, pack_ref, library={"conv_pack": Library(_pack_step)},
           flops=lambda s, out, attrs: 0.0, internal=True, doc="a convolution weight and its per-channel scale, shift")
+
+
+# -- a 1x1 convolution in NHWC is a GEMM: [N*H*W, C] @ [C, O] ---------------------------------------------------
+
+POINTWISE = "1,1,1,1,0,0,0,0,1,1,1"  # the geometry of a 1x1, stride 1, unpadded, ungrouped convolution
+
+
+def _wt_ref(a, attrs):
+    w = a[0]
+    return np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
+
+
+def _pw_shape(s, attrs):
+    x, wt, b = s
+    need(len(x) == 4 and tuple(wt) == (x[3], wt[1]) and tuple(b) == (wt[1],),
+         f"pointwise GEMM of {x} by {wt} (+ bias {b}): an NHWC input, a [C, O] weight and an [O] bias")
+    return (*x[:3], wt[1])
+
+
+def _pw_ref(a, attrs):
+    x, wt, b = a
+    y = (x.reshape(-1, x.shape[3]) @ wt + b).reshape(*x.shape[:3], wt.shape[1])
+    return apply_act(y, attrs.get("act", "none"))
+
+
+def _pw_step(ins, out, attrs):
+    from .registry import REGISTRY
+
+    x, wt, b = ins
+    x2, o2 = x.reshape(-1, x.shape[3]), out.reshape(-1, wt.shape[1])
+    name = attrs.get("act", "none")
+    op = None if name == "none" else REGISTRY[activations()[name]]
+    tail = None if op is None else op.library[op.name].step([out], out, op.from_egg(name.partition(":")[2]))
+
+    def run():
+        np.matmul(x2, wt, out=o2)
+        np.add(o2, b, out=o2)
+        if tail is not None:
+            tail()
+
+    return run
+
+
+def _pw_problem(s, out, attrs):
+    from .kernel import epilogue_of_act
+    from .matmul import gemm_problem
+
+    x, wt = s[0], s[1]
+    return gemm_problem([(x[0] * x[1] * x[2], x[3]), tuple(wt)], out, epilogue_of_act(attrs.get("act", "none")))
+
+
+POINTWISE_OPS = [
+    Op("conv_wt", 1, lambda s, attrs: (math.prod(s[0][1:]), s[0][0]), _wt_ref,
+       library={"conv_wt": Library(lambda ins, out, attrs: lambda: np.copyto(out, _wt_ref(ins, attrs)))},
+       flops=lambda s, out, attrs: 0.0, internal=True, doc="a 1x1 convolution's weight as a [C, O] matrix"),
+    Op("pw_gemm", 3, _pw_shape, _pw_ref, library={"pw_gemm": Library(_pw_step, passes=3)},
+       egg_attr=lambda at: at.get("act", "none"), from_egg=lambda s: {"act": s or "none"}, templated=True,
+       kernel=_pw_problem, flops=lambda s, out, attrs: 2.0 * math.prod(out) * s[0][3], roofline=True,
+       internal=True, doc="a 1x1 NHWC convolution as act(x @ w + b) over its pixels"),
+]
+
+
+def _pointwise(E, v):
+    x, w, b = v.x, v.w, v.b
+    rules = [rewrite(E("conv2d_nhwc", x, w, b, attr=POINTWISE)).to(E("pw_gemm", x, E("conv_wt", w), b, attr="none"))]
+    for name in activations():
+        rules.append(rewrite(E("conv_act_nhwc", x, w, b, attr=POINTWISE + ";" + name)).to(
+            E("pw_gemm", x, E("conv_wt", w), b, attr=name)))
+    return rules
 
 
 # -- the rules -----------------------------------------------------------------------------------------------------
@@ -209,7 +278,7 @@ def _rules(E, v):
         epi += [rewrite(E("add", src, y)).to(fused), rewrite(E("add", y, src)).to(fused)]
     for name, a in _act_nodes(E, E("conv_add", x, w, y, attr=s)):
         epi.append(rewrite(a).to(E("conv_add_act", x, w, y, attr=s + ";" + name)))
-    return {"algebra": fold, "epilogue": epi, "layout": _layout(E, v)}
+    return {"algebra": fold, "epilogue": epi, "layout": _layout(E, v) + _pointwise(E, v)}
 
 
 def _nhwc(E, t):
@@ -243,4 +312,5 @@ def _layout(E, v):
 
 
 OPS = [_op(k, nhwc) for k in KINDS if k != "conv2d" for nhwc in (False, True)] + [_op("conv2d", True),
-                                                                                 replace(PACK, rules=_rules)]
+                                                                                 replace(PACK, rules=_rules),
+                                                                                 *POINTWISE_OPS]

@@ -170,6 +170,9 @@ def estimate(a: Analysis, n: ENode, device: Roofline) -> float:
         x, w = shapes[0], shapes[1]
         flops = 2.0 * math.prod(x) * w[-1]
         byts = 4.0 * (math.prod(x) + math.prod(w) + size)
+    elif op.roofline and all(shapes):
+        flops = op.flops(shapes, out, attrs)
+        byts = 4.0 * (sum(math.prod(s) for s in shapes) + size)
     else:
         flops = 10.0 * size
         byts = 4.0 * (sum(math.prod(s) for s in shapes if s) + size)

@@ -119,15 +119,15 @@ def cut_points(g: Graph) -> list[int]:
     return cuts
 
 
-def _segments(g: Graph, cuts: list[int], min_nodes: int) -> list[tuple[int, int]]:
+def _segments(g: Graph, cuts: list[int], min_nodes: int, backward: bool = False) -> list[tuple[int, int]]:
     bounds, start = [], 0
     for c in cuts:
         bounds.append((start, c + 1))
         start = c + 1
     bounds.append((start, len(g.nodes)))
     merged: list[tuple[int, int]] = []
-    for a, b in bounds:  # a part too small to be worth a task joins the next one
-        if merged and merged[-1][1] - merged[-1][0] < min_nodes:
+    for a, b in bounds:  # a part too small to be worth a task joins the next one (backward: the one before)
+        if merged and (b - a < min_nodes if backward else merged[-1][1] - merged[-1][0] < min_nodes):
             merged[-1] = (merged[-1][0], b)
         else:
             merged.append((a, b))
@@ -151,8 +151,13 @@ def _part_graph(g: Graph, index: int, a: int, b: int, shapes) -> tuple[Graph, li
                 inputs.append(i)
     outputs = [n.output for n in nodes if n.output in later]
     sub = Graph(f"{g.name}/part{index}", {i: tuple(shapes[i]) for i in inputs}, {p: g.params[p] for p in params},
-                [Node(n.op, n.inputs, n.output, dict(n.attrs)) for n in nodes], outputs, g.dtype)
+                [Node(n.op, n.inputs, n.output, dict(n.attrs)) for n in nodes], outputs, g.dtype,
+                {i: g.input_dtypes[i] for i in inputs if i in g.input_dtypes})
     return sub, inputs, outputs, params
+
+
+def _distinct(g: Graph, bounds: list[tuple[int, int]], shapes) -> int:
+    return len({structural_key(_part_graph(g, k, a, b, shapes)[0]) for k, (a, b) in enumerate(bounds)})
 
 
 def partition(g: Graph, min_nodes: int = MIN_NODES, whole_below: int = WHOLE_BELOW) -> Partition:
@@ -164,6 +169,11 @@ def partition(g: Graph, min_nodes: int = MIN_NODES, whole_below: int = WHOLE_BEL
     else:
         cuts = cut_points(g)
         bounds = _segments(g, cuts, min_nodes)
+        # a small part between two blocks (a residual block's closing ReLU) may belong to the block before it:
+        # merged that way, identical blocks become one task; keep whichever way repeats more
+        back = _segments(g, cuts, min_nodes, backward=True)
+        if back != bounds and _distinct(g, back, shapes) < _distinct(g, bounds, shapes):
+            bounds = back
         if len(bounds) == 1:
             reason = f"kept whole: no value alone carries the state between any two of its {len(g.nodes)} ops"
         else:

@@ -1,0 +1,69 @@
+"""adaptive_avg_pool2d: the mean over ``out`` (OH, OW) bins of an NCHW input, bin i spanning
+[floor(i H / OH), ceil((i + 1) H / OH)) as torch defines it; (1, 1) is the global average pool."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import Library, Op, ints, need
+
+
+def _bins(n, o):
+    return [(i * n // o, -(-(i + 1) * n // o)) for i in range(o)]
+
+
+def shape(s, attrs):
+    x = s[0]
+    need(len(x) == 4, f"adaptive average pooling needs an NCHW input, got {x}")
+    oh, ow = attrs["out"]
+    need(oh >= 1 and ow >= 1, f"output size {attrs['out']} must be positive")
+    return (x[0], x[1], int(oh), int(ow))
+
+
+def reference(a, attrs):
+    x = a[0]
+    oh, ow = attrs["out"]
+    y = np.empty(x.shape[:2] + (oh, ow), x.dtype)
+    for i, (h0, h1) in enumerate(_bins(x.shape[2], oh)):
+        for j, (w0, w1) in enumerate(_bins(x.shape[3], ow)):
+            y[:, :, i, j] = x[:, :, h0:h1, w0:w1].mean(axis=(2, 3))
+    return y
+
+
+def _step(ins, out, attrs):
+    x = ins[0]
+    oh, ow = attrs["out"]
+    if (oh, ow) == (1, 1):
+        flat = out.reshape(out.shape[0], out.shape[1])
+        inv = np.float32(1.0 / (x.shape[2] * x.shape[3]))
+
+        def run():
+            np.sum(x.reshape(x.shape[0], x.shape[1], -1), axis=2, out=flat)
+            np.multiply(flat, inv, out=flat)
+        return run
+    return lambda: np.copyto(out, reference([x], attrs))
+
+
+def _torch(em, node, a, kw):
+    xs = em.shape(a[0])
+    out = [int(v) if v is not None else xs[2 + i] for i, v in enumerate(a[1])]
+    return em.node("adaptive_avg_pool2d", [a[0]], node.name, out=tuple(out))
+
+
+def _onnx(em, node, ins, at, opset):
+    if len(em.shape(ins[0])) != 4:
+        raise em.unsupported("GlobalAveragePool of a non-NCHW input")
+    return em.node("adaptive_avg_pool2d", [ins[0]], node.output[0], out=(1, 1))
+
+
+OPS = [Op(
+    "adaptive_avg_pool2d", 1, shape, reference,
+    library={"adaptive_avg_pool2d": Library(_step, passes=2)},
+    egg_attr=lambda at: ",".join(map(str, at["out"])),
+    from_egg=lambda s: {"out": ints(s)},
+    flops=lambda s, out, attrs: float(math.prod(s[0])),
+    torch={"adaptive_avg_pool2d": _torch, "_adaptive_avg_pool2d": _torch},
+    onnx={"GlobalAveragePool": _onnx},
+    doc="adaptive average pooling to (OH, OW) (NCHW; (1, 1): global average pool)",
+)]
