@@ -88,6 +88,7 @@ def test_packed_is_cached_by_content():
     W = _weights(K=64, N=16, seed=3)
     a = packed(W, "int8", 8)
     assert packed(W.copy(), "int8", 8) is a  # the same weights in another array: a hit
+    assert packed(W, "int8", 8) is a  # (its digest taken once per array)
     assert packed(W, "int8", 16) is not a  # another layout
     W2 = W.copy()
     W2[0, 0] += 1.0

@@ -9,21 +9,23 @@ bytes holding row ``2t`` in the low nibble and row ``2t + 1`` in the high one
 ``[panel][block][width]``.
 
 Quantising and packing 16 M weights takes a good fraction of a second, and a
-search binds the same weights to many candidates: ``packed`` keeps the last few
-results, keyed by the weights' content (a digest, not the array's identity, so
-weights changed in place are packed anew) and the layout.
+search binds the same weights to many candidates: ``quantised`` and ``packed``
+keep the last few results, keyed by the weights' content (a digest, taken once
+per array object: weights are constants once loaded) and the layout.
 """
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .formats import QWeights, quantise
 
-CACHE_ENTRIES = 8
+CACHE_ENTRIES = 12
 
 
 @dataclass(frozen=True)
@@ -104,31 +106,52 @@ def _pack_groups(qw: QWeights, width: int) -> Packed:
     return Packed("int8", np.ascontiguousarray(w), scales, width, panels, Kp, None, np.ascontiguousarray(colsum))
 
 
-_CACHE: "OrderedDict[tuple, Packed]" = OrderedDict()
+_CACHE: "OrderedDict[tuple, Any]" = OrderedDict()
+_DIGESTS: dict[int, tuple[weakref.ref, str]] = {}
 
 
 def digest(W: np.ndarray) -> str:
-    W = np.ascontiguousarray(W)
-    return hashlib.blake2b(W.view(np.uint8).ravel(), digest_size=16).hexdigest() + f":{W.dtype}:{W.shape}"
+    """The content digest of ``W``, taken once per array object (weights are constants once loaded: a copy with
+    other values is another object, and gets its own)."""
+    memo = _DIGESTS.get(id(W))
+    if memo is not None and memo[0]() is W:
+        return memo[1]
+    A = np.ascontiguousarray(W)
+    d = hashlib.blake2b(A.view(np.uint8).ravel(), digest_size=16).hexdigest() + f":{A.dtype}:{A.shape}"
+    try:
+        _DIGESTS[id(W)] = (weakref.ref(W, lambda _, k=id(W): _DIGESTS.pop(k, None)), d)
+    except TypeError:  # not weak-referenceable: no memo
+        pass
+    return d
 
 
-def packed(W: np.ndarray, fmt: str, width: int, block: int | None = None, group: int = 1) -> Packed:
-    """``W`` [K, N] quantised to ``fmt`` and packed in panels of ``width`` columns (``group``: see ``pack``),
-    from the cache when these weights were packed this way before (in this process)."""
-    key = (digest(W), fmt, width, block if fmt == "int4" else None, group)
+def _cached(key: tuple, make):
     hit = _CACHE.get(key)
     if hit is not None:
         _CACHE.move_to_end(key)
         return hit
-    out = pack(quantise(W, fmt, block), width, group)
-    _CACHE[key] = out
+    out = _CACHE[key] = make()
     while len(_CACHE) > CACHE_ENTRIES:
         _CACHE.popitem(last=False)
     return out
 
 
+def quantised(W: np.ndarray, fmt: str, block: int | None = None) -> QWeights:
+    """``quantise(W, fmt, block)``, from the cache when these weights were quantised so before (in this process)."""
+    block = block if fmt == "int4" else None
+    return _cached((digest(W), fmt, block), lambda: quantise(W, fmt, block))
+
+
+def packed(W: np.ndarray, fmt: str, width: int, block: int | None = None, group: int = 1) -> Packed:
+    """``W`` [K, N] quantised to ``fmt`` and packed in panels of ``width`` columns (``group``: see ``pack``),
+    from the cache when these weights were packed this way before (in this process)."""
+    block = block if fmt == "int4" else None
+    return _cached((digest(W), fmt, width, block, group), lambda: pack(quantised(W, fmt, block), width, group))
+
+
 def cache_info() -> dict[str, int]:
-    return {"entries": len(_CACHE), "bytes": sum(p.nbytes for p in _CACHE.values())}
+    return {"entries": len(_CACHE),
+            "bytes": sum(v.nbytes if isinstance(v, Packed) else v.q.nbytes for v in _CACHE.values())}
 
 
-__all__ = ["CACHE_ENTRIES", "Packed", "cache_info", "digest", "pack", "pack_rows", "packed"]
+__all__ = ["CACHE_ENTRIES", "Packed", "cache_info", "digest", "pack", "pack_rows", "packed", "quantised"]

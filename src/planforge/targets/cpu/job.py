@@ -20,6 +20,7 @@ GUARD = 4096  # floats on each side of the output
 SENTINEL = np.float32(-1.2345e30)
 _prepared: dict[tuple[str, int], tuple[dict, np.ndarray, np.ndarray]] = {}
 _libs: dict[str, ctypes.CDLL] = {}
+_checked: dict[tuple[str, int, str], tuple[np.ndarray, np.ndarray]] = {}
 
 
 def prepared(p: Problem, seed: int):
@@ -40,10 +41,12 @@ def checked_against(p: Problem, seed: int, tmpl, knobs: dict, inputs: dict, ref,
     if eff is None:
         return ref, tol
     key = (p.key, seed, eff[0])
-    if key not in _prepared:
+    if key not in _checked:
+        if len(_checked) >= 4:  # a few variants of a few problems (each holds its own weights)
+            _checked.clear()
         real = eff[1]()
-        _prepared[key] = (real, reference(p, real), tolerance(p, real))
-    return _prepared[key][1:]
+        _checked[key] = (reference(p, real), tolerance(p, real))
+    return _checked[key]
 
 
 def guarded_output(shape) -> tuple[np.ndarray, np.ndarray]:

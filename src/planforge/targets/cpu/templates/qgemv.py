@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ....quant import INT4_BLOCKS, Packed, dequantise, packed, quantise, quantise_activations, variant, variant_knobs
+from ....quant import INT4_BLOCKS, Packed, dequantise, packed, quantise_activations, variant, variant_knobs
+from ....quant.pack import quantised as quantised_weights
 from ....space import Space, categorical
 from .common import epi_code, header, struct_call
 
@@ -305,7 +306,7 @@ def reference_inputs(knobs: dict[str, Any], inputs: dict[str, np.ndarray], weigh
     a8 = act_int8(knobs)
 
     def make():
-        out = {**inputs, weight: dequantise(quantise(inputs[weight], fmt, block), np.float32)}
+        out = {**inputs, weight: dequantise(quantised_weights(inputs[weight], fmt, block), np.float32)}
         if a8:
             q, scale = quantise_activations(inputs[act])
             out[act] = q.astype(np.float32) * scale
