@@ -62,3 +62,25 @@ def test_bad_problems_are_clear_errors():
         Problem("conv", dims(1, 4, 6, 6, 4, 3), "nhwc/w/add")
     with pytest.raises(ProblemError, match="layout"):
         Problem("conv", dims(1, 4, 6, 6, 4, 3), "nchwc/w/none")
+
+
+@pytest.mark.parametrize("op, d, epi", [("conv", dims(1, 64, 14, 14, 64, 3, 1, 1), "nhwc/wb/relu"),
+                                        ("dwconv", dims(1, 96, 14, 14, 96, 3, 2, 1, 1, 96), "nchw/wss/relu6")])
+def test_the_analytic_model_bounds_and_ranks_the_tiles(op, d, epi):
+    """The roofline model of the conv templates: prediction >= bound >= the FLOPs at the widest peak on every
+    thread; a 1x1 register tile (one FMA chain, a load per FMA) is predicted slower than a 4x2 one."""
+    from test_costmodel import Lim, ceilings
+
+    from planforge.costmodel.analytic import AnalyticModel
+    from planforge.targets.cpu.templates import flops
+
+    p = Problem(op, d, epi)
+    space = TEMPLATES[op].space(p, Lim)
+    m = AnalyticModel(op, d, epi, flops(p), ceilings(), space, False, Lim.vector_registers)
+    cands = [space.sample(random.Random(i)) for i in range(200)]
+    e = m.estimate(cands)
+    assert np.all(e.predicted_s >= e.bound_s) and np.all(e.bound_s >= flops(p) / (200e9 * 2) * (1 - 1e-9))
+    base = {"vec": 16, "unroll": 1, "threads": 1, **({"cbv": 1} if op == "dwconv" else {"ob": 1, "cb": 64})}
+    small, big = space.make({**base, "owb": 1}), space.make({**base, "owb": 4, ("cbv" if op == "dwconv" else "ob"): 2})
+    slow, fast = m.predict([small, big])
+    assert slow > 1.5 * fast

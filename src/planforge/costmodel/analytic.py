@@ -460,4 +460,58 @@ def _rowwise(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
                    compute_lb=compute_lb, compute_pred=compute_pred, traffic=traffic, compulsory=foot, extra=extra)
 
 
-_MODELS = {"gemm": _gemm, "gemv": _gemv, "softmax": _rowwise, "layernorm": _rowwise, "eltwise": _rowwise}
+def _conv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
+    """Direct (``conv``) and depthwise (``dwconv``) NHWC convolutions: register tiles of ``owb`` output columns x
+    ``ob`` (``cbv``) channel vectors, rows split over threads, the input copied once into a padded scratch."""
+    c = m.ceil
+    N, C, H, W, O, KH, KW, SH, SW, PT, PL, PB, PR, DH, DW, G = m.dims
+    OH = (H + PT + PB - DH * (KH - 1) - 1) // SH + 1
+    OW = (W + PL + PR - DW * (KW - 1) - 1) // SW + 1
+    Cg, Og = C // G, O // G
+    dw = m.op == "dwconv"
+    vec, owb = (np.asarray(k[x], dtype=np.int64) for x in ("vec", "owb"))
+    cv = np.asarray(k["cbv" if dw else "ob"], dtype=np.int64)
+    T = np.asarray(k["threads"], dtype=np.int64)
+    n = len(vec)
+    rows = N * OH
+    rows_t = _ceil(rows, T)
+    active = np.minimum(T, rows)
+    lanes = cv * vec
+    # executed FMAs per row, padding lanes and the columns past the row's end included
+    ch_tiles = _ceil(C, lanes) if dw else G * _ceil(Og, lanes)
+    col_tiles = _ceil(OW, owb)
+    per_tap = 1 if dw else Cg                      # products per kernel tap and output lane
+    row_flops = 2.0 * ch_tiles * col_tiles * owb * lanes * per_tap * KH * KW
+    flops = row_flops * rows_t
+    compute_lb = m.useful / np.maximum(1, active) / c.rate_bound(vec)
+    # FMA chains in flight, and the loads each FMA needs (two loads and two FMAs per cycle on current cores)
+    ilp = np.minimum(1.0, owb * cv / FMA_CHAINS)
+    loads = np.where(dw, (owb * cv + cv) / (owb * cv), (owb + cv) / (owb * cv))
+    compute_pred = flops * np.maximum(1.0, loads) / (c.rate_est(vec) * ilp)
+    _, _, steps = (m.epilogue.split("/") + ["", "", ""])[:3]
+    res = "add" in steps.split("_")
+    nchw = m.epilogue.startswith("nchw")
+    x_b, y_b = F32 * N * C * H * W, F32 * N * O * OH * OW
+    w_b = F32 * O * Cg * KH * KW
+    foot = 2.0 * x_b + w_b + y_b * (2 if res else 1)
+    home = np.broadcast_to(c.home(foot, active), (n,)) if not m.cold else np.full(n, LEVELS.index("DRAM"))
+    traffic: dict[str, np.ndarray] = {}
+    _add(traffic, home, (foot + (2.0 * y_b * (2 if res else 1) if nchw else 0.0)) * rows_t / rows)
+    # each column tile reads its channel block's weights again: from L1 when a tile's taps fit there
+    tile_w = F32 * KH * KW * lanes * (1 if dw else np.minimum(np.asarray(k.get("cb", Cg)), Cg))
+    w_lvl = c.home(tile_w, T, per_thread=True)
+    _add(traffic, w_lvl, rows_t * col_tiles * ch_tiles * F32 * KH * KW * lanes * per_tap)
+    # the input rows a row of output reads, once per channel tile (they stay in L1/L2 between tiles)
+    in_row = F32 * KH * (OW * SW + KW * DW) * (C if dw else Cg)
+    _add(traffic, c.home(in_row, T, per_thread=True), rows_t * (1 if dw else ch_tiles) * in_row)
+    if not dw:  # partial sums between input-channel blocks
+        blocks = _ceil(Cg, np.maximum(1, np.asarray(k["cb"], dtype=np.int64)))
+        part = 2.0 * F32 * OW * G * _ceil(Og, vec) * vec * (blocks - 1)
+        _add(traffic, c.home(F32 * OW * O, T, per_thread=True), rows_t * part)
+    extra = {"ilp": ilp, "loads_per_fma": loads, "waste": flops * active / np.maximum(1.0, m.useful * 1.0) - 1.0}
+    return _finish(m, n, flops=flops, threads=T, active=active, compute_lb=compute_lb, compute_pred=compute_pred,
+                   traffic=traffic, compulsory=foot, extra=extra)
+
+
+_MODELS = {"gemm": _gemm, "gemv": _gemv, "softmax": _rowwise, "layernorm": _rowwise, "eltwise": _rowwise,
+           "conv": _conv, "dwconv": _conv}
