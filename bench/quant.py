@@ -97,11 +97,14 @@ def tuned(K, N, epi, accuracy, evals, seed, out, variants=None):
     """The accepted knobs of a GEMV task (``variants``: restrict the format gene to these) and its quant record."""
     opts = {"shape": f"{N},{K}", "epilogue": epi, **({"accuracy": accuracy} if accuracy else {})}
     w = load_workload("gemv", opts)
-    if variants is not None:
+    if variants is not None:  # the same task, its format gene narrowed (and its roofline model with it)
+        from planforge.costmodel.analytic import analytic_model
         from planforge.targets import get_target
 
-        p = Problem("gemv", (N, K), epi)
-        w.tasks[0] = dataclasses.replace(w.tasks[0], space=get_target("cpu").quant_space(p, variants))
+        target, p = get_target("cpu"), Problem("gemv", (N, K), epi)
+        space = target.quant_space(p, variants)
+        w.tasks[0] = dataclasses.replace(w.tasks[0], space=space,
+                                         cost_model=analytic_model(p, space, target, cold=target.cold))
     r = tune(w, strategy="auto", budget=Budget(evals=evals), seed=seed, out=out)
     if r.spec is None:  # e.g. every finalist's re-measure timed out on a loaded machine
         raise RuntimeError(f"GEMV {K}x{N} {accuracy or 'fp32'}: no plan: {r.tasks[0].error}")

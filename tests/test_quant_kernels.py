@@ -165,3 +165,11 @@ def test_quantised_gemm_settings_match_their_reference(lim, dims, epilogue):
         assert check(p, real, out, reference(p, real), tolerance(p, real)) is None, knobs
         done.append(knobs)
     assert "pack_b" in qspace.names and not qspace.is_valid(qspace.make({**done[0], "pack_b": 0}))
+
+
+def test_a_bad_budget_on_the_command_line_is_one_clear_line(cli, tmp_path):
+    for opt, msg in [("accuracy=rmse:1", "unknown accuracy metric 'rmse'"),
+                     ("accuracy=max_rel_err:x", "is not a number"),
+                     ("accuracy=max_rel_err:0.01;=cosine:0.9", "needs a task name")]:
+        r = cli("tune", "--workload", "gemv", "--shape", "64,64", "--option", opt, "--out", tmp_path)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
