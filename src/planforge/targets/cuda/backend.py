@@ -151,9 +151,11 @@ class CudaBackend:
 
 def profile_json(p: GpuProfile, dtype: str) -> dict:
     """The GPU profile with the roofline of ``dtype`` in the keys the report's roofline plot and device line
-    read (``cpu_model``: the GPU's name, ``peak_flops_all``, ``bandwidth``, ``threads``: one per SM)."""
+    read (``cpu_model``: the GPU's name, ``peak_flops_all``, ``bandwidth``, ``threads``: one per SM;
+    ``other_load`` None and no ``busy_figures``: the host CPUs' load says nothing of a GPU's figures)."""
     return {**p.to_dict(), "cpu_model": p.name, "peak_flops_all": p.flops[dtype], "threads": p.sms,
-            "bandwidth": {"L2": {"read": p.l2_bw}, "DRAM": {"read": p.hbm_bw}}}
+            "bandwidth": {"L2": {"read": p.l2_bw}, "DRAM": {"read": p.hbm_bw}}, "other_load": None,
+            "busy_figures": []}
 
 
 def run_isolated(backend, fn, job: dict) -> Outcome:
