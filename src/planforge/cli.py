@@ -112,9 +112,9 @@ def tune(
                                                                    "measurements to (default 1)."),
     no_funnel: bool = typer.Option(False, "--no-funnel", help="Skip the L0 funnel (capacity, roofline bound, "
                                                               "cost-model top-k): search the whole valid space."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help="Where to tune: cpu, table or replay (default: "
-                                                                      "the workload's own, cpu for kernels and "
-                                                                      "models, table for the drill)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Where to tune: cpu, cuda, table or replay "
+                                                                      "(default: the workload's own, cpu for "
+                                                                      "kernels and models, table for the drill)."),
     warm_start: list[Path] = typer.Option([], "--warm-start", help=WARM_HELP),
 ) -> None:
     """Search a workload's plan space, validate the finalists and write a tuning spec."""
