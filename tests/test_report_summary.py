@@ -88,13 +88,20 @@ def test_summary_box_answers_first_and_warns_about_a_busy_machine():
     assert "probed while other processes used 43%" in w and "L3 read on 2 threads" in w  # busy probe
     assert "spread 15%" in w  # the chosen plan's spread is above 10%
     assert "re-measured while other processes used up to 35%" in w
-    assert "Rank 4 (fused_mlp) measured 8.99 us during the search and 7.99 ms re-measured (889x)" in w
+    assert "Rank 4 (fused_mlp) measured 8.99 us during the search and 7.99 ms re-measured (889x slower)" in w
     assert "Rank 1" not in w  # 8.57 -> 10.67 us is within 2x
     assert "1 results at least 10x slower" in w and "9.1 ms, then 9.4 us" in w  # the outlier, measured twice
     notes = "\n".join(s["notes"])
     assert "fastest plan measured (8.57 us, fused_mlp) was rejected by validation: fp16 accumulation" in notes
     assert box["break_even"].startswith("the search took 3 s and saves 36.8 us per run over the fastest library")
     assert "81.6 k runs" in box["break_even"]
+
+
+def test_a_short_search_is_not_called_converged():
+    t = synthetic_run()["tasks"]["t"]
+    t["trials"], t["evaluations"] = t["trials"][:5], 5
+    cv = summarize({**synthetic_run(), "tasks": {"t": t}})["tasks"]["t"]["convergence"]
+    assert not cv["converged"] and cv["more"].startswith("5 evaluations are too few to tell")
 
 
 def test_a_quiet_run_has_no_load_warnings():

@@ -19,6 +19,7 @@ from .summary import fmt_si, fmt_time
 BUSY = 0.25  # others' share of the CPUs above which a measurement or the probe counts as taken on a busy machine
 HIGH_SPREAD = 0.10  # IQR / median above which differences of that size are noise
 DRIFT = 2.0  # a finalist whose re-measure and search time differ by more than this factor is flagged
+FEW = 8  # fewer evaluations than this say nothing about convergence
 
 
 def fmt_knobs(knobs: dict[str, Any], limit: int = 6) -> str:
@@ -27,9 +28,12 @@ def fmt_knobs(knobs: dict[str, Any], limit: int = 6) -> str:
 
 
 def plan_words(acc: dict[str, Any]) -> str:
-    """``fused_mlp (threads 2, vec 16, ...)``, steps joined by ", then "."""
+    """``fused_mlp (threads 2, vec 16, ...)``, steps joined by ", then " (fewer settings each when there are many
+    steps: the chosen-plan table has them all)."""
     steps = acc.get("steps") or [{"what": acc.get("label", "?"), "knobs": {}}]
-    return ", then ".join(f"{s['what']}" + (f" ({fmt_knobs(s['knobs'])})" if s.get("knobs") else "") for s in steps)
+    limit = 6 if len(steps) <= 2 else 3
+    return ", then ".join(f"{s['what']}" + (f" ({fmt_knobs(s['knobs'], limit)})" if s.get("knobs") else "")
+                          for s in steps)
 
 
 def latency_words(m: dict[str, Any], which: str) -> str:
@@ -67,11 +71,14 @@ def convergence(t: dict[str, Any]) -> dict[str, Any]:
         d.update(converged=False, text="no plan was measured", more="")
         return d
     k = steps[-1][0]
+    d["text"] = (f"last improvement at evaluation {k} of {n}"
+                 + (f"; {t['duplicates']} of {proposals} proposals were duplicates" if proposals else ""))
+    if n < FEW:
+        d.update(converged=False, more=f"{n} evaluations are too few to tell: more budget would likely help")
+        return d
     best_half = min((m for e, m in steps if e <= n // 2), default=None)
     gain = 1 - steps[-1][1] / best_half if best_half else None
     d["converged"] = k <= n // 2
-    d["text"] = (f"last improvement at evaluation {k} of {n}"
-                 + (f"; {t['duplicates']} of {proposals} proposals were duplicates" if proposals else ""))
     if d["converged"]:
         d["more"] = (f"nothing better in the last {n - k} evaluations: more budget would likely buy little "
                      "(the curve is flat)")
@@ -153,8 +160,9 @@ def task_summary(key: str, t: dict[str, Any], profile: dict[str, Any] | None) ->
         if t.get("remeasured") and srch and srch.get("latency_s") and r["latency_s"]:
             f = r["latency_s"] / srch["latency_s"]
             if f > DRIFT or f < 1 / DRIFT:
+                how = f"{f:.3g}x slower" if f > 1 else f"{1 / f:.3g}x faster"
                 w.append(f"Rank {r['rank']} ({r['label']}) measured {fmt_time(srch['latency_s'])} during the search "
-                         f"and {fmt_time(r['latency_s'])} re-measured ({f:.3g}x): one of the two was disturbed.")
+                         f"and {fmt_time(r['latency_s'])} re-measured ({how}): one of the two was disturbed.")
     w += _rechecks(t)
     rejected = {x["rank"]: x["reasons"] for x in t["rejected"]}
     searched = [x for x in t["trials"] if x["status"] == "measured" and x["n"]]
