@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -22,7 +23,8 @@ err_console = Console(stderr=True)
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    # the message is printed as it is: text in square brackets (`torch.cat([a, b])`) is not rich markup
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -116,6 +118,9 @@ def tune(
                                                                       "(default: the workload's own, cpu for "
                                                                       "kernels and models, table for the drill)."),
     warm_start: list[Path] = typer.Option([], "--warm-start", help=WARM_HELP),
+    strict: bool = typer.Option(False, "--strict", help="A model file: refuse ops with no rule, listing every one "
+                                                        "with where it sits, instead of running them as library "
+                                                        "fallback steps."),
 ) -> None:
     """Search a workload's plan space, validate the finalists and write a tuning spec."""
     from .report import print_summary, summary_json
@@ -131,6 +136,8 @@ def tune(
     try:
         opts = _pairs(option, "--option")
         opts.update({k: v for k, v in (("shape", shape), ("epilogue", epilogue)) if v is not None})
+        if strict:
+            opts["strict"] = "true"
         wl = load_workload(workload, opts, target)
         b = Budget(evals=budget, seconds=time_budget)
     except (WorkloadError, RestrictionError, SpaceError, ValueError, CompilerMissing) as e:
@@ -194,7 +201,7 @@ def tune(
     if not res.ok:
         for tr in res.tasks:
             if tr.error:
-                err_console.print(f"[bold red]error:[/] task {tr.task.key}: {tr.error}", highlight=False)
+                err_console.print(f"[bold red]error:[/] task {tr.task.key}: {escape(str(tr.error))}", highlight=False)
         raise typer.Exit(1)
 
 

@@ -8,12 +8,13 @@ from .frontend import ModelError, _first_lines, need_module
 from .graph import Graph
 
 
-def load_model(path: str | Path, input_shapes: dict[str, Sequence[int]] | None = None) -> Graph:
+def load_model(path: str | Path, input_shapes: dict[str, Sequence[int]] | None = None, strict: bool = False) -> Graph:
     """Import a model file into the IR.
 
     ``.onnx`` goes through ``from_onnx`` (extra ``onnx``); ``.pt2`` (a ``torch.export.save`` archive)
     through ``torch.export.load`` and ``from_exported`` (extra ``torch``). ``input_shapes`` maps input
-    names to concrete shapes and is needed only where the model's inputs have dynamic sizes.
+    names to concrete shapes and is needed only where the model's inputs have dynamic sizes. ``strict``
+    (default False): refuse ops with no rule, listing them all, instead of running them as fallback steps.
     """
     p = Path(path)
     suffix = p.suffix.lower()
@@ -26,7 +27,7 @@ def load_model(path: str | Path, input_shapes: dict[str, Sequence[int]] | None =
     if suffix == ".onnx":
         from .onnx_import import from_onnx
 
-        return from_onnx(p, input_shapes=input_shapes)
+        return from_onnx(p, input_shapes=input_shapes, strict=strict)
     from .torch_import import from_exported
 
     torch = need_module("torch", "torch", f"reading {p.name}")
@@ -42,4 +43,4 @@ def load_model(path: str | Path, input_shapes: dict[str, Sequence[int]] | None =
                          f"{type(e).__name__}: {_first_lines(str(e))}") from None
     finally:
         log.setLevel(level)
-    return from_exported(ep, input_shapes=input_shapes, name=p.stem)
+    return from_exported(ep, input_shapes=input_shapes, name=p.stem, strict=strict)

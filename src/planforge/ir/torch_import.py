@@ -32,8 +32,8 @@ def from_torch(module, example_inputs, name: str | None = None, strict: bool = F
     """Export ``module`` (a ``torch.nn.Module``) with ``torch.export`` at ``example_inputs`` and import it.
 
     ``example_inputs``: a tensor or a sequence of tensors, the positional arguments of ``forward``;
-    their shapes become the graph's (concrete) shapes. The module is exported in eval mode and its
-    training flag restored afterwards. ``name`` defaults to the module's class name.
+    their shapes become the graph's (concrete) shapes. The module is exported in eval mode and the training
+    flags of it and its submodules restored afterwards. ``name`` defaults to the module's class name.
     A ``torch.export.ExportedProgram`` may be passed instead of a module (``example_inputs`` is then unused).
     An op with no IR mapping runs as a library fallback step (torch itself, at run time; ``ops.fallback``);
     ``strict`` (default False) refuses the model instead, with an ``UnsupportedOps`` listing every such op.
@@ -46,14 +46,15 @@ def from_torch(module, example_inputs, name: str | None = None, strict: bool = F
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     args = tuple(example_inputs)
-    was_training = module.training
+    modes = [(m, m.training) for m in module.modules()]   # each submodule's own flag, put back as it was
     try:
         ep = torch.export.export(module.eval(), args)
     except Exception as e:  # export raises many kinds (UserError, Unsupported, TypeError from forward)
         raise ModelError(f"torch.export could not capture {type(module).__name__}: {type(e).__name__}: "
                          f"{_first_lines(str(e))}") from None
     finally:
-        module.train(was_training)
+        for m, training in modes:
+            m.training = training
     return from_exported(ep, name=name or type(module).__name__, strict=strict)
 
 

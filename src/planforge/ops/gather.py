@@ -49,12 +49,24 @@ def _torch_index_select(em, node, a, kw):
 
 
 def _torch_index(em, node, a, kw):
-    """``x[..., idx, ...]``: one index tensor, the other axes taken whole."""
+    """``x[..., idx, ...]``: one index tensor, the other axes taken whole; or ``x[i0, i1, ...]`` with constant
+    indices on the leading axes (HF's mask builders), which is one gather from ``x`` flattened over those axes."""
     picks = [(i, t) for i, t in enumerate(a[1]) if t is not None]
-    if len(picks) != 1:
-        raise em.unsupported(f"advanced indexing with {len(picks)} index tensors; the IR gathers along one axis")
-    (ax, idx), = picks
-    return em.node("gather", [a[0], idx], node.name, axis=ax)
+    if len(picks) == 1:
+        (ax, idx), = picks
+        return em.node("gather", [a[0], idx], node.name, axis=ax)
+    k = len(a[1])
+    if [i for i, _ in picks] != list(range(k)) or any(isinstance(t, str) for _, t in picks):
+        raise em.unsupported(f"advanced indexing with {len(picks)} index tensors that are not constants on the "
+                             f"leading axes")
+    s = em.shape(a[0])
+    try:
+        idx = np.broadcast_arrays(*[np.asarray(t.value) for _, t in picks])
+        flat = np.ravel_multi_index(tuple(i % d for i, d in zip(idx, s)), s[:k])
+    except ValueError as e:
+        raise em.unsupported(f"advanced indexing: {e}") from None
+    x = em.reshape(a[0], (int(np.prod(s[:k])), *s[k:]), node.name + ".flat")
+    return em.node("gather", [x, em.const(flat, node.name + ".index")], node.name, axis=0)
 
 
 def _onnx(em, node, ins, at, opset):

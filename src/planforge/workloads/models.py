@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from ..ir import ZOO, Graph
+from ..ops.fallback import steps as fallback_steps
 from ..rewrite import Limits, saturate
 from ..rewrite.analysis import analyse, estimate
 from ..rewrite.extract import greedy, ilp, prune_memory, usable
@@ -150,6 +151,10 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     desc = f"{graph.name}: {len(graph.nodes)} ops, {graph.param_bytes() / 1e6:.2f} MB of weights"
     if len(part.parts) > 1:
         desc += f", {len(part.parts)} parts in {len(part.keys)} tasks"
+    fallbacks = fallback_steps(graph)
+    if fallbacks:
+        desc += (f"; {len(fallbacks)} op(s) with no rule run as library fallback steps: "
+                 f"{', '.join(sorted({op for op, _ in fallbacks}))}")
     return Workload(manifest, tasks, description=desc, graph=graph, partition=part if len(part.parts) > 1 else None,
                     phases=phases, target=target)
 
@@ -178,11 +183,12 @@ def parse_shapes(text: str) -> dict[str, tuple[int, ...]] | None:
 
 
 def file_workload(path: str, memory_budget_mb: float = 1024, seed: int = 0, input_shapes: str = "",
-                  target: str | Target = "cpu") -> Workload:
-    """A model file (.onnx, .pt2); ``input_shapes`` fixes dynamic sizes, e.g. ``x=1x256``."""
+                  target: str | Target = "cpu", strict: bool = False) -> Workload:
+    """A model file (.onnx, .pt2); ``input_shapes`` fixes dynamic sizes, e.g. ``x=1x256``; ``strict`` refuses a
+    model with ops that have no rule (listing them all) instead of running them as library fallback steps."""
     from ..ir import load_model
 
     shapes = parse_shapes(input_shapes)
-    g = load_model(path, input_shapes=shapes)
+    g = load_model(path, input_shapes=shapes, strict=strict)
     opts = {"file": os.path.abspath(path), **({"input_shapes": input_shapes} if shapes else {})}
     return graph_workload(g, os.path.abspath(path), opts, memory_budget_mb=memory_budget_mb, seed=seed, target=target)
