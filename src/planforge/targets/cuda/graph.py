@@ -5,7 +5,8 @@ plan is lowered there (``plan.CudaPlan``: Triton templates with the genome's
 knobs, torch library steps) and launched once, which makes Triton compile its
 templates; its outputs are checked against the fp64 reference of the original
 graph; then it is timed by the GPU protocol (``job._time``: CUDA events, the
-L2 flushed before each repeat when the timing asks for cold caches). The
+L2 flushed before each repeat when the timing asks for cold caches), replayed
+as one CUDA graph where it can be captured (checked again after a replay). The
 library baseline is ``torch``: the graph op by op in torch eager on the same
 device. As for kernels, a CUDA error poisons the worker's context: the
 outcome is ``runtime`` and the next candidate gets a fresh worker.
@@ -38,6 +39,18 @@ def tolerance(graph: Graph, ref: list[np.ndarray], dtype: str = "fp32") -> float
     from ..cpu.graph import tolerance as fp32_tolerance
 
     return fp32_tolerance(graph, ref) * UNIT[dtype] / U32
+
+
+def _wrong(outs, ref: list[np.ndarray], tol: float) -> str | None:
+    """Why the device outputs ``outs`` are wrong against the fp64 ``ref``, or None when all are within ``tol``."""
+    for o, r in zip(outs, ref):
+        o = o.detach().cpu().numpy().astype(np.float64)
+        if not np.all(np.isfinite(o)):
+            return "non-finite output"
+        err = float(np.abs(o - r).max())
+        if err > tol:
+            return f"max |out - ref| = {err:.3g} exceeds the tolerance {tol:.3g}"
+    return None
 
 
 def run_graph_job(job: dict) -> dict:
@@ -78,17 +91,23 @@ def run_graph_job(job: dict) -> dict:
             fn = plan.run
         if device == "cuda":
             torch.cuda.synchronize()
+        why = _wrong(out, ref, tol)
+        if why is None and job["impl"] != "torch" and job.get("cuda_graph"):
+            # the same plan replayed as one CUDA graph, checked again on an arena full of NaN (a replay that
+            # launched nothing would leave it so)
+            replay = plan.graphed()
+            if replay is not None:
+                plan.arena.fill_(float("nan"))
+                plan.load(*xs)
+                replay()
+                torch.cuda.synchronize()
+                why = _wrong(out, ref, tol)
+                fn = replay
     except Exception as e:  # noqa: BLE001 - a bad plan is an outcome
         cat, poisoned = _classify(e)
         return {"status": cat, "message": f"{type(e).__name__}: {e}"[:LOG_LIMIT], "poisoned": poisoned}
-    for o, r in zip(out, ref):
-        o = o.detach().cpu().numpy().astype(np.float64)
-        if not np.all(np.isfinite(o)):
-            return {"status": "correctness", "message": "non-finite output", "poisoned": False}
-        err = float(np.abs(o - r).max())
-        if err > tol:
-            return {"status": "correctness", "message": f"max |out - ref| = {err:.3g} exceeds the tolerance "
-                                                        f"{tol:.3g}", "poisoned": False}
+    if why is not None:
+        return {"status": "correctness", "message": why, "poisoned": False}
     try:
         times = _time(fn, job.get("timing", {}), device, int(job.get("flush_bytes", 0)))
     except Exception as e:  # noqa: BLE001
@@ -110,6 +129,9 @@ class CudaGraphBackend:
         seed: seeds the inputs (default 0).
         device: ``"cuda"`` (default), or ``"cpu"``: Triton's interpreter and the wall clock (tests).
         timeout: the adaptive per-job timeout (default 10x the fastest, 30..300 s).
+        cuda_graphs: time each plan replayed as one CUDA graph where it can be captured (default True: how a
+            plan runs once loaded, ``CudaPlan.graphed``; one launch instead of one Python call per step); the
+            torch-eager baseline is never graphed.
     """
 
     graph: Graph
@@ -119,6 +141,7 @@ class CudaGraphBackend:
     seed: int = 0
     device: str = "cuda"
     timeout: AdaptiveTimeout = field(default_factory=default_timeout)
+    cuda_graphs: bool = True
     name: str = "cuda"
     pin_cores = False  # the host thread waits for the GPU
 
@@ -134,12 +157,13 @@ class CudaGraphBackend:
 
     def describe(self) -> dict:
         return {"backend": self.name, "fingerprint": self.fingerprint, "device": self.device,
-                "graph": self.graph.name, "genome": self.genome.describe(), "timing": self.timing.to_json()}
+                "graph": self.graph.name, "genome": self.genome.describe(), "timing": self.timing.to_json(),
+                "cuda_graphs": self.cuda_graphs}
 
     def _job(self, impl: str, program: list[dict] | None = None) -> dict:
         return {"impl": impl, "graph": self.graph, "graph_key": self.graph_key, "seed": self.seed,
                 "program": program, "timing": self.timing.to_json(), "flush_bytes": self.timing.flush_bytes,
-                "device": self.device}
+                "device": self.device, "cuda_graph": self.cuda_graphs}
 
     def _run(self, job: dict) -> Outcome:
         return run_isolated(self, run_graph_job, job)
@@ -148,7 +172,7 @@ class CudaGraphBackend:
         """A picklable ``f(cpus) -> CudaGraphBackend`` measuring plans of the same genome (``cpus`` is ignored)."""
         t = self.timeout
         return partial(_remote, self.graph, self.genome, self.profile.to_dict(), self.timing.to_json(), self.seed,
-                       self.device, (t.factor, t.lo, t.hi))
+                       self.device, (t.factor, t.lo, t.hi), self.cuda_graphs)
 
     def builder(self) -> None:
         """None: Triton compiles a plan's templates at its first launch, in the measuring worker."""
@@ -192,9 +216,9 @@ class CudaGraphBackend:
 
 
 def _remote(graph: Graph, genome, profile: dict, timing: dict, seed: int, device: str, timeout: tuple,
-            cpus=None) -> CudaGraphBackend:
+            cuda_graphs: bool = True, cpus=None) -> CudaGraphBackend:
     return CudaGraphBackend(graph, genome, GpuProfile.from_dict(profile), TimingConfig(**timing), seed, device,
-                            AdaptiveTimeout(*timeout))
+                            AdaptiveTimeout(*timeout), cuda_graphs)
 
 
 __all__ = ["CudaGraphBackend", "LIBRARIES", "run_graph_job", "tolerance"]

@@ -82,9 +82,17 @@ def outputs_of(program: list[dict], by_cls: dict[str, dict]) -> list[str]:
 
 
 def peak_bytes_of(graph: Graph, program: list[dict]) -> int:
-    """Device bytes a plan of ``program`` holds while it runs: its arena and its constants (fp32)."""
+    """Device bytes a plan of ``program`` holds while it runs: its arena, its constants (fp32) and the fused
+    MLPs' packed copies of their layers."""
     const, _, _, floats = layout(graph, program)
-    return 4 * floats + sum(4 * int(np.prod(v.shape)) for v in const.values())
+    return 4 * floats + sum(v.nbytes for v in const.values()) + _packed_bytes(program, const)
+
+
+def _packed_bytes(program: list[dict], const: dict) -> int:
+    """Bytes of the copies the fused MLP template packs its weights and biases into (one buffer each)."""
+    by_cls = {s["cls"]: s for s in program}
+    return sum(const[w].nbytes + const[b].nbytes for s in program if s["op"] == "fused_mlp"
+               for w, b in Plan._layer_cells(s["inputs"][1], by_cls))
 
 
 def template_call(problem, knobs: dict, ins: list, out, layers=None) -> Callable[[], None]:
@@ -134,7 +142,9 @@ class CudaPlan:
         self.output_classes = outputs_of(program, by_cls)
         host, alias, slots, floats = layout(graph, program)
         self.arena_floats = floats
-        self.const_bytes = sum(v.nbytes for v in host.values())
+        self.const_bytes = sum(v.nbytes for v in host.values()) + _packed_bytes(program, host)
+        self.host_steps = 0  # library steps with no torch form, run on the host (a plan with one is not graphed)
+        self._graph = None
 
         def up(v):
             return torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).to(device)
@@ -170,6 +180,7 @@ class CudaPlan:
 
                 if kind not in LIBRARIES:
                     raise PlanError(f"no library implementation of {kind!r}")
+                self.host_steps += not torchlib.on_device(kind)
                 return torchlib.bind(kind, LIBRARIES[kind][0].from_egg(attr), [value[k] for k in s["inputs"]], out)
             if op in TEMPLATE_OPS:
                 if s.get("problem") is None or s.get("knobs") is None:
@@ -188,6 +199,31 @@ class CudaPlan:
         """Launch every step on the inputs already in their device slots (asynchronous on a GPU)."""
         for f in self.steps:
             f()
+
+    def graphed(self) -> Callable[[], None] | None:
+        """The plan's launches captured once into a CUDA graph: ``replay()`` then costs one launch for the whole
+        plan instead of one Python call per step (the inputs stay in the slots the graph reads). None where there
+        is nothing to capture: not on a GPU, or a step that runs on the host. Captured on first call, after two
+        warm runs on a side stream (Triton compiles at the first)."""
+        if self._graph is None:
+            self._graph = False
+            if self.device == "cuda" and not self.host_steps:
+                import torch
+
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    self.run()
+                    self.run()
+                torch.cuda.current_stream().wait_stream(side)
+                g = torch.cuda.CUDAGraph()
+                try:
+                    with torch.cuda.graph(g):
+                        self.run()
+                except RuntimeError:  # a step torch cannot capture: the plan launches step by step
+                    return None
+                self._graph = g
+        return self._graph.replay if self._graph else None
 
     def load(self, *inputs) -> None:
         """Copy ``inputs`` (numpy arrays or tensors of the tuned shapes) into their device slots."""
@@ -210,7 +246,7 @@ class CudaPlan:
 
     def run_on(self, *inputs: np.ndarray) -> list[np.ndarray]:
         self.load(*inputs)
-        self.run()
+        (self.graphed() or self.run)()
         return [o.cpu().numpy().copy() for o in self.outputs]
 
     def feed(self, *inputs: np.ndarray) -> list[np.ndarray]:

@@ -405,5 +405,4 @@ def from_kernel(p, dtype: str = "fp32") -> CudaProblem:
 
 
 __all__ = ["CudaProblem", "EPS", "OPS", "ProblemError", "TRITON_ACTS", "UNIT", "act64", "check", "from_kernel",
-           "gemm_epilogues",
-           "parse", "round_to"]
+           "gemm_epilogues", "parse", "round_to"]
