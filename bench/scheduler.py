@@ -18,7 +18,8 @@ Models: ``transformer-6`` (the zoo's six pre-LN blocks, d=256, sequence 24), ``r
 fifty identical residual blocks: one task, nothing to schedule, reported for its dedupe factor and phase
 times) and ``resnet-mlp`` (a ResNet-50-shaped residual MLP: stages of 3, 4, 6 and 3 residual blocks at widths
 64, 128, 256 and 512 with a projection between stages, batch 8; the deepest model of several tasks that
-imports until convolutions exist).
+imports until convolutions existed) and ``resnet18-cnn`` (ResNet-18's stage layout with convolutions, at 32x32
+and widths 16-128).
 
 Run (a few minutes on 2 cores):
 
@@ -63,7 +64,17 @@ def resnet_mlp(stages=(3, 4, 6, 3), widths=(64, 128, 256, 512), batch: int = 8, 
     return b.output(x)
 
 
-MODELS = {"transformer-6": ZOO["transformer-6"], "residual-mlp-50": ZOO["residual-mlp-50"], "resnet-mlp": resnet_mlp}
+def resnet18_cnn() -> Graph:
+    """ResNet-18's layout (a 3x3 stem, max pool, four stages of two basic blocks, each later stage halving the
+    size and doubling the width, global average pool, linear head) at 1x3x32x32 and widths 16-128: the deepest
+    convolutional model of several tasks that tunes in minutes here."""
+    from planforge.ir.zoo import tiny_resnet
+
+    return tiny_resnet(size=32, width=16, blocks=(2, 2, 2, 2))
+
+
+MODELS = {"transformer-6": ZOO["transformer-6"], "residual-mlp-50": ZOO["residual-mlp-50"], "resnet-mlp": resnet_mlp,
+          "resnet18-cnn": resnet18_cnn}
 
 
 class Memo:
