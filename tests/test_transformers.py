@@ -473,3 +473,37 @@ def test_cli_strict_lists_every_op_and_prints_brackets_literally(tmp_path, cli):
     assert "2 unsupported op(s)" in err and "aten.special_bessel_j0" in err and "aten.erfinv" in err
     assert "torch.cat([-x2, x1], dim=-1)" in err
     assert "module 'rot'" in err and "module 'inv'" in err
+
+
+# -- torch.compile(backend="planforge") -------------------------------------------------------------------------------
+
+def test_torch_compile_backend_gives_the_eager_result():
+    import warnings
+
+    import planforge.dynamo  # registers the backend where the entry point is not installed
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = gpt2(layers=1, width=32).eval()
+    ids = torch.randint(0, 96, (1, 8))
+    fast = torch.compile(m, backend="planforge", dynamic=False)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", planforge.dynamo.DynamoFallback)     # planforge ran it, not eager torch
+        got, want = fast(ids).last_hidden_state, m(ids).last_hidden_state
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_torch_compile_backend_runs_a_refused_graph_eagerly():
+    import planforge.dynamo
+
+    torch._dynamo.reset()
+    m = Odd().eval()
+    x = rnd(3, 4)
+    fast = torch.compile(m, backend="planforge", options={"strict": True}, dynamic=False)
+    with pytest.warns(planforge.dynamo.DynamoFallback, match="unsupported op"):
+        got = fast(x)
+    with torch.no_grad():
+        np.testing.assert_allclose(got.detach().numpy(), m(x).numpy(), rtol=1e-6)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown"):
+        torch.compile(m, backend="planforge", options={"budgett": 1})(x)
