@@ -211,3 +211,26 @@ def _contrast(hex_color):
 def test_sizes_and_counts_read_as_a_person_writes_them():
     assert fmt_bytes(855_296) == "835 KiB" and fmt_bytes(3 << 20) == "3 MiB" and fmt_bytes(100) == "100 B"
     assert fmt_si(8_080_000) == "8.08 M" and fmt_si(532) == "532" and fmt_si(7 * 10**75) == "7 x 10^75"
+
+
+def test_a_run_file_from_before_these_fields_still_renders(tmp_path):
+    import json
+
+    from planforge.report.html import write_report
+
+    run = synthetic_run()
+    del run["end_to_end"]
+    t = run["tasks"]["t"]
+    for k in ("importance", "knob_labels"):
+        del t[k]
+    for x in t["trials"]:
+        for k in ("repeats", "other_load", "recheck"):
+            del x[k]
+    for r in t["ranked"]:
+        for k in ("spread", "repeats", "other_load", "search"):
+            r.pop(k)
+    for k in ("steps", "spread", "repeats"):
+        del t["accepted"][k]
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    html = write_report(tmp_path).read_text()
+    assert 'id="summary"' in html and "4.5x faster than numpy" in html and "None" not in html

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import plots
-from .run import load_run
+from .run import load_run, with_defaults
 from .summary import LOW_SPEARMAN, fmt_bytes, fmt_si, fmt_time
 from .verdict import BUSY, summarize
 
@@ -50,6 +50,7 @@ def render(run: dict[str, Any]) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True)
+    run = with_defaults(run)  # run data from an older planforge: unknown fields as None
     targets = run["environment"]["targets"]
     figs: dict[str, dict[str, Any]] = {}
     for key, t in run["tasks"].items():

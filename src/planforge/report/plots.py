@@ -98,7 +98,7 @@ def curve(task: dict[str, Any]) -> str | None:
         if srch:
             c.line([n, n], [srch, r["latency_s"]], color, width=1, dash="3,2")
         c.point(n, r["latency_s"], f"rank {r['rank']} {r['label']}: {again} {fmt_time(r['latency_s'])}"
-                f" ({r.get('repeats', '?')} repeats, spread {_pct(r.get('spread'))}); search "
+                f" ({r.get('repeats') or '?'} repeats, spread {_pct(r.get('spread'))}); search "
                 f"{fmt_time(srch)}; {v}", color, shape="diamond", r=4.5, opacity=1)
     c.legend("measured during the search", BLUE)
     c.legend("best search time so far", ORANGE, "line")

@@ -262,6 +262,31 @@ def load_run(folder: str | os.PathLike) -> dict[str, Any]:
     if data["run_version"] > RUN_VERSION:
         raise RunError(f"{path}: run file version {data['run_version']} is newer than this planforge "
                        f"reads ({RUN_VERSION}); upgrade planforge")
+    return with_defaults(data)
+
+
+_MEASUREMENT = {"spread": None, "repeats": None, "other_load": None}
+
+
+def with_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A run file written before a field existed reads as if the field were unknown (None, empty)."""
+    data.setdefault("end_to_end", None)
+    for t in data["tasks"].values():
+        t.setdefault("importance", {})
+        t.setdefault("knob_labels", {})
+        for x in t.get("trials", []):
+            for k in ("repeats", "other_load", "recheck"):
+                x.setdefault(k, None)
+        for r in t.get("ranked", []):
+            for k, v in {**_MEASUREMENT, "search": None}.items():
+                r.setdefault(k, v)
+        if t.get("accepted"):
+            for k, v in {**_MEASUREMENT, "steps": None}.items():
+                t["accepted"].setdefault(k, v)
+        for b in t.get("baselines", {}).values():
+            if "latency_s" in b:
+                for k, v in _MEASUREMENT.items():
+                    b.setdefault(k, v)
     return data
 
 
