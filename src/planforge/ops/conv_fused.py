@@ -232,11 +232,11 @@ POINTWISE_OPS = [
 ]
 
 
-def _pointwise(E, v):
+def _pointwise(E, v, rw=rewrite):
     x, w, b = v.x, v.w, v.b
-    rules = [rewrite(E("conv2d_nhwc", x, w, b, attr=POINTWISE)).to(E("pw_gemm", x, E("conv_wt", w), b, attr="none"))]
+    rules = [rw(E("conv2d_nhwc", x, w, b, attr=POINTWISE)).to(E("pw_gemm", x, E("conv_wt", w), b, attr="none"))]
     for name in activations():
-        rules.append(rewrite(E("conv_act_nhwc", x, w, b, attr=POINTWISE + ";" + name)).to(
+        rules.append(rw(E("conv_act_nhwc", x, w, b, attr=POINTWISE + ";" + name)).to(
             E("pw_gemm", x, E("conv_wt", w), b, attr=name)))
     return rules
 
@@ -248,26 +248,37 @@ def _act_nodes(E, y):
     return [(name, E(op, y, attr=name.partition(":")[2])) for name, op in activations().items()]
 
 
-def _rules(E, v):
+GROUPS = ("fold", "fuse", "epilogue", "layout")
+RULESET_OF = {"fold": "algebra", "fuse": "epilogue", "epilogue": "epilogue", "layout": "layout"}
+
+
+def rule_groups(E, v, subsume: bool = False) -> dict[str, list]:
+    """The rules by the seeds' groups: ``fold`` (A), ``fuse`` (B and the three-in-one), ``epilogue`` (C and the
+    residual adds), ``layout`` (NHWC, transpose cancellation, 1x1 as GEMM). ``subsume``: each rewrite removes what
+    it matched (a destructive, sequential rewriter: a later group no longer sees the form it replaced)."""
+    def rw(lhs):
+        return rewrite(lhs, subsume=subsume)
+
     x, w, b, g, s, s2, y = v.x, v.w, v.b, v.g, v.s, v.s2, v.y
     conv3, conv2 = E("conv2d", x, w, b, attr=s), E("conv2d", x, w, attr=s)
     fold = [  # A
-        rewrite(E("batchnorm", conv3, g, attr=s2)).to(
+        rw(E("batchnorm", conv3, g, attr=s2)).to(
             E("conv2d", x, E("bn_fold_w", w, g, attr=s2), E("bn_fold_b", b, g, attr=s2), attr=s)),
-        rewrite(E("batchnorm", conv2, g, attr=s2)).to(
+        rw(E("batchnorm", conv2, g, attr=s2)).to(
             E("conv2d", x, E("bn_fold_w", w, g, attr=s2), E("bn_fold_b", g, attr=s2), attr=s)),
     ]
-    epi = [  # B
-        rewrite(E("batchnorm", conv3, g, attr=s2)).to(E("conv_bn", x, w, E("bn_affine", b, g, attr=s2), attr=s)),
-        rewrite(E("batchnorm", conv2, g, attr=s2)).to(E("conv_bn", x, w, E("bn_affine", g, attr=s2), attr=s)),
+    fuse = [  # B
+        rw(E("batchnorm", conv3, g, attr=s2)).to(E("conv_bn", x, w, E("bn_affine", b, g, attr=s2), attr=s)),
+        rw(E("batchnorm", conv2, g, attr=s2)).to(E("conv_bn", x, w, E("bn_affine", g, attr=s2), attr=s)),
     ]
     bn = E("conv_bn", x, w, b, attr=s)
-    for name, a3 in _act_nodes(E, conv3):  # C, and the three-in-one
-        epi.append(rewrite(a3).to(E("conv_act", x, w, b, attr=s + ";" + name)))
+    for name, abn in _act_nodes(E, bn):  # the three-in-one
+        fuse.append(rw(abn).to(E("conv_bn_act", x, w, b, attr=s + ";" + name)))
+    epi = []
+    for name, a3 in _act_nodes(E, conv3):  # C
+        epi.append(rw(a3).to(E("conv_act", x, w, b, attr=s + ";" + name)))
     for name, a2 in _act_nodes(E, conv2):
-        epi.append(rewrite(a2).to(E("conv_act", x, w, attr=s + ";" + name)))
-    for name, abn in _act_nodes(E, bn):
-        epi.append(rewrite(abn).to(E("conv_bn_act", x, w, b, attr=s + ";" + name)))
+        epi.append(rw(a2).to(E("conv_act", x, w, attr=s + ";" + name)))
     # residual adds: the weight and its scale/shift packed into one operand
     sources = [(conv3, E("conv_pack", w, b), s + ";none"), (conv2, E("conv_pack", w), s + ";none"),
                (E("conv_act", x, w, b, attr=s), E("conv_pack", w, b), s),
@@ -275,10 +286,17 @@ def _rules(E, v):
                (bn, E("conv_pack", w, b), s + ";none"), (E("conv_bn_act", x, w, b, attr=s), E("conv_pack", w, b), s)]
     for src, packed, attr in sources:
         fused = E("conv_add", x, packed, y, attr=attr)
-        epi += [rewrite(E("add", src, y)).to(fused), rewrite(E("add", y, src)).to(fused)]
+        epi += [rw(E("add", src, y)).to(fused), rw(E("add", y, src)).to(fused)]
     for name, a in _act_nodes(E, E("conv_add", x, w, y, attr=s)):
-        epi.append(rewrite(a).to(E("conv_add_act", x, w, y, attr=s + ";" + name)))
-    return {"algebra": fold, "epilogue": epi, "layout": _layout(E, v) + _pointwise(E, v)}
+        epi.append(rw(a).to(E("conv_add_act", x, w, y, attr=s + ";" + name)))
+    return {"fold": fold, "fuse": fuse, "epilogue": epi, "layout": _layout(E, v, rw) + _pointwise(E, v, rw)}
+
+
+def _rules(E, v):
+    out: dict[str, list] = {}
+    for group, rules in rule_groups(E, v).items():
+        out.setdefault(RULESET_OF[group], []).extend(rules)
+    return out
 
 
 def _nhwc(E, t):
@@ -289,25 +307,25 @@ def _nchw(E, t):
     return E("transpose", t, attr=NHWC_TO_NCHW)
 
 
-def _layout(E, v):
+def _layout(E, v, rw=rewrite):
     """Each NCHW form as its NHWC twin between transposes; a transpose and its inverse cancel; elementwise ops
     and residual adds commute with the transpose, so a chain of convolutions stays in NHWC."""
     x, w, b, y, s = v.x, v.w, v.b, v.y, v.s
     rules = []
     for kind, forms in KINDS.items():
         if "packed" in forms:
-            rules.append(rewrite(E(kind, x, w, y, attr=s)).to(
+            rules.append(rw(E(kind, x, w, y, attr=s)).to(
                 _nchw(E, E(kind + "_nhwc", _nhwc(E, x), w, _nhwc(E, y), attr=s))))
             continue
         if "w" in forms:
-            rules.append(rewrite(E(kind, x, w, attr=s)).to(_nchw(E, E(kind + "_nhwc", _nhwc(E, x), w, attr=s))))
-        rules.append(rewrite(E(kind, x, w, b, attr=s)).to(_nchw(E, E(kind + "_nhwc", _nhwc(E, x), w, b, attr=s))))
+            rules.append(rw(E(kind, x, w, attr=s)).to(_nchw(E, E(kind + "_nhwc", _nhwc(E, x), w, attr=s))))
+        rules.append(rw(E(kind, x, w, b, attr=s)).to(_nchw(E, E(kind + "_nhwc", _nhwc(E, x), w, b, attr=s))))
     for p, q in ((NCHW_TO_NHWC, NHWC_TO_NCHW), (NHWC_TO_NCHW, NCHW_TO_NHWC)):
         rules.append(rewrite(E("transpose", E("transpose", x, attr=p), attr=q)).to(x))
     for name, op in activations().items():
         attr = name.partition(":")[2]
-        rules.append(rewrite(E(op, _nchw(E, x), attr=attr)).to(_nchw(E, E(op, x, attr=attr))))
-    rules.append(rewrite(E("add", _nchw(E, x), _nchw(E, y))).to(_nchw(E, E("add", x, y))))
+        rules.append(rw(E(op, _nchw(E, x), attr=attr)).to(_nchw(E, E(op, x, attr=attr))))
+    rules.append(rw(E("add", _nchw(E, x), _nchw(E, y))).to(_nchw(E, E("add", x, y))))
     return rules
 
 

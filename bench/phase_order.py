@@ -1,0 +1,160 @@
+"""The seeds' phase-ordering example: every fixed order of the convolution rule groups against the e-graph.
+
+The rule groups (``planforge.ops.conv_fused.rule_groups``): ``fold`` (A: the batch norm folded into the
+convolution's weights and bias), ``fuse`` (B: a Conv+BN kernel, and the three-in-one Conv+BN+act),
+``epilogue`` (C: an activation or a residual add in the convolution's epilogue), ``layout`` (NHWC forms
+between transposes that cancel, 1x1 convolutions as GEMMs). A fixed order is a sequential rewriter: each
+group runs to saturation with ``subsume`` (a rewrite removes what it matched, so a later group never sees
+the form it replaced: fold first leaves nothing for B to fuse, fuse first nothing for A to fold), then the
+other ops' rules and the lowering. The e-graph applies all groups together and keeps every form.
+
+Each variant is tuned at the same budget with planforge's own search (the model's e-graph built by the
+variant's rewriter; everything else as ``planforge tune`` does it); then the chosen plans are timed in this
+one process, interleaved round by round, and the medians printed with each order's ratio to the e-graph's.
+
+Run: ``.venv/bin/python bench/phase_order.py [--budget 6] [--rounds 15] [--models conv-bn-relu,residual,resnet]
+[--json out.json]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+
+from planforge.api import tune
+from planforge.ir import GraphBuilder
+from planforge.ir.zoo import _basic_block, conv_bn_relu, tiny_resnet
+from planforge.ops import REGISTRY
+from planforge.ops.conv_fused import GROUPS, rule_groups
+from planforge.ops.egg import E, Vars
+from planforge.rewrite import Limits
+from planforge.rewrite import egraph as rw_egraph
+from planforge.rewrite.lang import rulesets
+from planforge.workloads import models as wl_models
+
+
+def residual(size: int = 14, width: int = 32):
+    b = GraphBuilder(f"residual-{width}x{size}")
+    return b.output(_basic_block(b, b.input("x", (1, width, size, size)), width, width, 1, "b"))
+
+
+MODELS = {"conv-bn-relu": lambda: conv_bn_relu(size=28, cin=32, cout=32),
+          "residual": residual,
+          "resnet": lambda: tiny_resnet(size=32, width=16, blocks=(1, 1))}
+ORDERS = {f"{g} first": (g, *[h for h in GROUPS if h != g]) for g in GROUPS}
+
+
+def _other_rules() -> list:
+    """Every rule of the ops other than the convolution rules (the linear head's epilogue, transposes, biases)."""
+    from egglog import ruleset
+
+    v = Vars()
+    rules = []
+    for op in REGISTRY.values():
+        if op.rules is not None and op.name != "conv_pack":
+            for name, rs in op.rules(E, v).items():
+                if name in ("epilogue", "layout", "algebra"):
+                    rules.extend(rs)
+    return ruleset(*rules)
+
+
+def sequential(order: tuple[str, ...]):
+    """A ``saturate`` that applies the groups of ``order`` one after another, destructively."""
+    from egglog import EGraph, ruleset
+
+    groups = {k: ruleset(*rs) for k, rs in rule_groups(E, Vars(), subsume=True).items()}
+    others = _other_rules()
+
+    def saturate(g, names, limits: Limits = Limits()):
+        eg = EGraph()
+        t0 = time.perf_counter()
+        root = rw_egraph.encode(g, eg)
+        for name in order:
+            eg.run(groups[name] * limits.iterations)
+        eg.run(others * limits.iterations)
+        eg.run(rulesets()["lowering"] * 1)
+        out = rw_egraph._read(eg, root)
+        out.stats = {"order": list(order), "nodes": out.n_nodes, "classes": len(out.classes),
+                     "seconds": time.perf_counter() - t0, "stop": "sequential", "iterations": 0,
+                     "rolled_back": False, "sizes": [], "rulesets": list(names)}
+        return out
+
+    return saturate
+
+
+def tuned(graph, budget: int, out: Path, order=None):
+    """(plan, the plan's steps as text, tuning seconds) of ``graph`` tuned with the e-graph or a fixed order."""
+    t0 = time.perf_counter()
+    if order is None:
+        wl = wl_models.graph_workload(graph, graph.name)
+    else:
+        with mock.patch.object(wl_models, "saturate", sequential(order)):
+            wl = wl_models.graph_workload(graph, graph.name)
+    res = tune(wl, budget=budget, out=out)
+    steps = sorted({f"{s['op'][:-1]}:{s['args'][0]}" for t in res.spec["tasks"].values()
+                    for s in t.get("program", []) if s["op"].startswith(("lib", "tmpl"))})
+    return res.plan, steps, time.perf_counter() - t0
+
+
+def interleaved(fns: dict, rounds: int, min_s: float = 0.02) -> dict[str, float]:
+    """Median seconds per call of each zero-argument function, timed round by round in turn (each sample: calls
+    for at least ``min_s``), after one warm-up call each."""
+    times = {k: [] for k in fns}
+    for f in fns.values():
+        f()
+    for _ in range(rounds):
+        for k, f in fns.items():
+            n, t0 = 0, time.perf_counter()
+            while True:
+                f()
+                n += 1
+                if time.perf_counter() - t0 > min_s:
+                    break
+            times[k].append((time.perf_counter() - t0) / n)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--json", default="")
+    args = ap.parse_args(argv)
+    report = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            g = MODELS[name]()
+            x = g.example_inputs(0)[0]
+            (ref,) = g.evaluate(x)
+            plans, rows = {}, {}
+            for label, order in [("e-graph", None), *ORDERS.items()]:
+                plan, steps, secs = tuned(g, args.budget, Path(tmp) / f"{name}-{label.replace(' ', '-')}", order)
+                err = float(np.abs(plan(x)[0] - ref).max())
+                plans[label] = plan
+                rows[label] = {"steps": steps, "tune_s": secs, "max_err": err}
+                print(f"{name} / {label}: tuned in {secs:.0f} s, max |err| {err:.2g}, kernels {', '.join(steps)}",
+                      flush=True)
+            med = interleaved({k: (lambda p: (lambda: p(x)))(p) for k, p in plans.items()}, args.rounds)
+            best_fixed = min(med[k] for k in ORDERS)
+            for k in rows:
+                rows[k]["median_s"] = med[k]
+                rows[k]["vs_egraph"] = med[k] / med["e-graph"]
+            print(f"\n{name}: median us   (ratio to the e-graph's plan)")
+            for k, r in rows.items():
+                print(f"  {k:15s} {r['median_s'] * 1e6:9.1f}   {r['vs_egraph']:.2f}x")
+            print(f"  e-graph / best fixed order: {med['e-graph'] / best_fixed:.2f}\n", flush=True)
+            report[name] = rows
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
