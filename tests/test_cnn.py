@@ -305,3 +305,31 @@ def test_a_tiny_resnet_tuned_at_a_tiny_budget_runs_correctly(tmp_path, profile):
     (ref,) = g.evaluate(x.numpy())
     assert np.abs(ref - want).max() < 1e-4 * (1 + np.abs(want).max())
     assert [n.op for n in g.nodes].count("conv2d") == 5
+
+
+def test_a_fixed_order_loses_what_the_e_graph_keeps():
+    """As sequential (subsuming) rewriters: folding first leaves no Conv+BN kernel, fusing first no folded weights;
+    the e-graph (all groups together, nothing subsumed) holds both."""
+    from egglog import EGraph, ruleset
+
+    from planforge.ops.conv_fused import rule_groups
+    from planforge.ops.egg import E, Vars
+    from planforge.rewrite.egraph import _read, encode
+    from planforge.rewrite.lang import rulesets
+
+    g = ZOO["conv-bn-relu"]()
+    groups = {k: ruleset(*rs) for k, rs in rule_groups(E, Vars(), subsume=True).items()}
+
+    def kinds(order):
+        eg = EGraph()
+        root = encode(g, eg)
+        for name in order:
+            eg.run(groups[name] * 8)
+        eg.run(rulesets()["lowering"] * 1)
+        return {n.args[0] for ns in _read(eg, root).classes.values() for n in ns if n.impl == "tmpl"}
+
+    fold_first, fuse_first = kinds(("fold", "fuse", "epilogue")), kinds(("fuse", "fold", "epilogue"))
+    assert "conv_act" in fold_first and not {"conv_bn", "conv_bn_act"} & fold_first
+    assert "conv_bn_act" in fuse_first and "conv_act" not in fuse_first
+    both = {n.args[0] for ns in saturate(g, RULES).classes.values() for n in ns if n.impl == "tmpl"}
+    assert {"conv_act", "conv_bn", "conv_bn_act", "conv2d"} <= both
