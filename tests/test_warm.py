@@ -128,7 +128,8 @@ def test_thompson_prior_weight_decays_and_follows_agreement():
     t = make_strategy("thompson", s, 0, warm_weight=0.1, warm_halflife=10)
     agree = [("agree", {"a": a, "b": b}, 1.0 + a + b) for a in range(20) for b in (1, 2, 4, 8)]
     disagree = [("disagree", {"a": a, "b": b}, 100.0 - a - b) for a in range(20) for b in (1, 2, 4, 8)]
-    assert t.warm_start(agree + disagree) == 160
+    assert t.warm_start(agree) == 0  # this device's history is not a prior
+    assert t.take_prior(agree + disagree) == 160
     assert t._warm_weights() == [pytest.approx(0.1), pytest.approx(0.1)]  # nothing measured: both count
     for a, b in [(0, 1), (5, 2), (9, 4), (13, 8), (19, 1), (3, 8)]:
         c = s.make({"a": a, "b": b})

@@ -183,8 +183,13 @@ class Portfolio(Strategy):
 
     def warm_start(self, rows) -> int:
         """Every arm takes the rows (those with a model use them); returns the most any arm took."""
-        rows = rows if isinstance(rows, list) else list(rows)  # (a WarmStart's rows keep their points)
+        rows = rows if isinstance(rows, list) else list(rows)
         return max((arm.warm_start(rows) for arm in self.arms.values()), default=0)
+
+    def take_prior(self, rows) -> int:
+        """Every arm with a surrogate takes the prior; returns the most any arm took."""
+        rows = rows if isinstance(rows, list) else list(rows)  # (a WarmStart's rows keep their points)
+        return max((arm.take_prior(rows) for arm in self.arms.values()), default=0)
 
     def describe(self) -> dict:
         return {**super().describe(), "arms": list(self.arms), "c": self.bandit.c, "window": self.bandit.window,

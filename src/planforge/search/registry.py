@@ -36,6 +36,8 @@ STRATEGIES: dict[str, type[Strategy]] = {
 AUTO_PORTFOLIO = {"arms": ("thompson", "genetic", "annealing", "hillclimb"), "c": 0.2}
 
 
+EARLY_SHARE = 10  # a warm start's early proposals: at most budget / EARLY_SHARE of them
+
 # keyword arguments the library passes itself, never a user's setting
 INTERNAL = ("initial", "catalog", "cost_model")
 
@@ -62,7 +64,8 @@ def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = N
 
     ``warm``: a warm start (``search.warm.WarmStart``: other devices' or shapes'
     tunings of this kernel): its best configurations are proposed first and
-    a strategy with a model takes its rows as a prior (default None: cold)."""
+    a strategy with a model takes its rows as a prior (default None: cold);
+    at most ``budget / EARLY_SHARE`` early proposals."""
     chose = name == "auto"
     if name == "auto":
         try:
@@ -83,7 +86,9 @@ def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = N
         options = check_options(name, STRATEGIES[name].all_settings(), options, internal=INTERNAL)
     except SettingError as e:
         raise SettingError(f"auto chose {name} for this space: {e}" if chose else str(e)) from None
-    return warmed(_build(name, space, seed, budget, cost_model, options), warm)
+    # early proposals take at most a tenth of the budget: a warm start guides the search, it does not replace it
+    early = None if warm is None or budget is None else min(warm.early, max(1, budget // EARLY_SHARE))
+    return warmed(_build(name, space, seed, budget, cost_model, options), warm, early)
 
 
 def _build(name: str, space: Space, seed: int, budget: int | None, cost_model, options: dict) -> Strategy:

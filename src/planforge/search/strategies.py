@@ -104,6 +104,13 @@ class Strategy:
         strategy with a learned model has a use for them: the others take none."""
         return 0
 
+    def take_prior(self, rows) -> int:
+        """Take ``(group, config, metric)`` rows of other devices' or shapes' tunings (a warm start,
+        ``search.warm.WarmStart.rows``) as a prior for a surrogate model; returns how many were taken.
+        Apart from ``warm_start`` because a prior steers every proposal, where a ranker's history only
+        adds ranked groups: this device's own earlier runs go to ``warm_start`` alone."""
+        return 0
+
     def describe(self) -> dict:
         return {"name": self.name, "seed": self.seed}
 

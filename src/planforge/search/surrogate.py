@@ -242,9 +242,9 @@ class Thompson(Strategy):
         return y - y.mean() if len(y) else y
 
     # -- warm start: other devices' or shapes' measurements as a decaying prior ----------
-    def warm_start(self, rows) -> int:
+    def take_prior(self, rows) -> int:
         """Take ``(group, config, metric)`` rows of other tunings of this kernel (other devices or shapes,
-        one group each): each group's centred log-times become pseudo-observations that enter every
+        one group each; a ``WarmStart``'s rows): each group's centred log-times become pseudo-observations that enter every
         posterior with weight ``warm_weight * warm_halflife / (warm_halflife + n)`` per row after ``n``
         target measurements, times the group's Kendall tau against what the target measured (clipped at 0,
         once five points are common), so a source that orders this device's times well keeps its say and

@@ -14,7 +14,7 @@ is not a valid point of it is dropped) and offers them three ways:
     each source, then the second best of each, ...), proposed first by the
     ``Warmed`` wrapper around any strategy, never proposed twice;
 (b) ``rows()``: ``(group, config, metric)`` rows that a strategy with a model
-    takes through ``Strategy.warm_start`` (thompson: a prior whose weight
+    takes through ``Strategy.take_prior`` / ``warm_start`` (thompson: a prior whose weight
     decays as target measurements arrive, per source weighted by how well it
     ranks what the target measured; the learned ranker: one query group per
     source);
@@ -204,14 +204,15 @@ class Warmed(Strategy):
     """``inner`` with a warm start: the sources' best configurations first, then ``inner``'s proposals.
 
     ``inner`` is told every result (the early ones included) and has taken
-    the sources' rows through its ``warm_start`` (a no-op for a strategy
-    without a model). ``describe()`` is ``inner``'s with the warm start added."""
+    the sources' rows through its ``warm_start`` and ``take_prior`` (no-ops
+    for a strategy without a model). ``describe()`` is ``inner``'s with the warm start added."""
 
     def __init__(self, inner: Strategy, warm: WarmStart, early: int | None = None):
         super().__init__(inner.space, inner.seed, max_duplicates=inner.max_duplicates)
         self.name = inner.name
         self.inner, self.warm = inner, warm
-        self.taken = inner.warm_start(warm.rows())
+        rows = warm.rows()
+        self.taken = max(inner.warm_start(rows), inner.take_prior(rows))  # a ranker's groups, a surrogate's prior
         self._queue = list(reversed(warm.seeds(early)))
         self.early = len(self._queue)
 

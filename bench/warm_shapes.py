@@ -1,0 +1,105 @@
+"""Warm starts between shapes on this CPU (issue 20, item 4): a kernel tuned at one shape warm-starts another.
+
+Pairs (source -> target): GEMM 256x1024x1024 -> 256x1024x2048 and -> 128x1024x1024; GEMV 1x1024x1024 ->
+1x2048x2048. The source is tuned once (``planforge tune``, default strategy); each target is tuned cold (a
+fresh records database, so ``auto`` finds nothing to warm from) and warm (``--warm-start`` the source's
+records database), with the same budget and seed. Scored by the measured evaluations each needed to get
+within 5% of the *cold* run's best (the warm run is judged against the cold one's best; a run that never
+got there counts budget + 1). Measurements are real ones on this machine, so they carry its noise: the
+load average is recorded with the results.
+
+    .venv/bin/python bench/warm_shapes.py --budget 48 --seeds 1 --json bench/results/warm_shapes.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PAIRS = [("gemm", "256,1024,1024", "256,1024,2048"), ("gemm", "256,1024,1024", "128,1024,1024"),
+         ("gemv", "1024,1024", "2048,2048")]
+
+
+def tune(workload: str, shape: str, budget: int, seed: int, out: Path, warm: Path | None = None) -> dict:
+    cmd = [sys.executable, "-m", "planforge", "tune", "-w", workload, "--shape", shape, "--budget", str(budget),
+           "--seed", str(seed), "--out", str(out), "--quiet"]
+    if warm is not None:
+        cmd += ["--warm-start", str(warm)]
+    t0 = time.time()
+    done = out / "stdout.txt"
+    if not done.exists():  # a finished tuning is read back (delete the folder to measure it again)
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stdout}\n{p.stderr}")
+        done.write_text(p.stdout)
+    stdout = done.read_text()
+    spec = json.loads((out / "spec.json").read_text())
+    [task] = spec["tasks"].values()
+    s = task["search"]
+    return {"curve": s["curve"], "evaluations": s["evaluations"], "strategy": s["strategy"], "wall_s": time.time() - t0,
+            "final_s": task["latency_s"], "warm_note": [ln for ln in stdout.splitlines() if "warm-started" in ln]}
+
+
+def evals_within(curve: list, bound: float, budget: int) -> int:
+    return next((n for n, m in curve if m <= bound), budget + 1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--budget", type=int, default=48)
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/planforge-warm-shapes"))
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("PLANFORGE_PROBE", "quick")
+    t0 = time.time()
+    load0 = os.getloadavg()[0]
+    sources: dict[tuple[str, str, int], Path] = {}
+    rows = []
+    for seed in range(args.seeds):
+        for wl, src, dst in PAIRS:
+            key = (wl, src, seed)
+            if key not in sources:
+                out = args.work / f"src-{wl}-{src.replace(',', 'x')}-s{seed}"
+                tune(wl, src, args.budget, seed, out)
+                sources[key] = out / "records.db"
+            tag = f"{wl}-{src.replace(',', 'x')}-to-{dst.replace(',', 'x')}-s{seed}"
+            cold = tune(wl, dst, args.budget, seed, args.work / f"cold-{tag}")
+            warm = tune(wl, dst, args.budget, seed, args.work / f"warm-{tag}", warm=sources[key])
+            best = min(m for _, m in cold["curve"])
+            bound = 1.05 * best
+            row = {"workload": wl, "source": src, "target": dst, "seed": seed, "cold_best_s": best,
+                   "warm_best_s": min(m for _, m in warm["curve"]),
+                   "cold_evals": evals_within(cold["curve"], bound, args.budget),
+                   "warm_evals": evals_within(warm["curve"], bound, args.budget),
+                   "warm_start": warm["strategy"].get("warm_start"), "cold_wall_s": round(cold["wall_s"]),
+                   "warm_wall_s": round(warm["wall_s"])}
+            row["warm_over_cold"] = row["warm_evals"] / row["cold_evals"]
+            # the same against the cold run's chosen plan as re-measured at its end (less at the mercy of one
+            # lucky measurement on a loaded machine)
+            final = 1.05 * cold["final_s"]
+            row.update(cold_final_s=cold["final_s"], warm_final_s=warm["final_s"],
+                       cold_evals_final=evals_within(cold["curve"], final, args.budget),
+                       warm_evals_final=evals_within(warm["curve"], final, args.budget),
+                       cold_curve=cold["curve"], warm_curve=warm["curve"])
+            rows.append(row)
+            print(f"{wl} {src} -> {dst} seed {seed}: cold {row['cold_evals']} evals to within 5% of its best "
+                  f"({best * 1e6:.1f} us), warm {row['warm_evals']} (best {row['warm_best_s'] * 1e6:.1f} us)",
+                  flush=True)
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "budget": args.budget, "seeds": args.seeds,
+           "load_average": [round(load0, 2), round(os.getloadavg()[0], 2)], "wall_s": round(time.time() - t0),
+           "pairs": rows, "median_warm_over_cold": sorted(r["warm_over_cold"] for r in rows)[len(rows) // 2]}
+    out["median_warm_over_cold_final"] = sorted(r["warm_evals_final"] / r["cold_evals_final"] for r in rows)[len(rows) // 2]
+    print(json.dumps({k: v for k, v in out.items() if k != "pairs"}, indent=1))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
