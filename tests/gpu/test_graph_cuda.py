@@ -228,3 +228,28 @@ def test_a_plan_replays_as_one_cuda_graph_on_a_gpu():
     replay()
     (y,) = [o.cpu().numpy() for o in plan.outputs]
     assert float(np.abs(y - ref[0]).max()) <= tolerance(g, ref)
+
+
+def test_a_library_op_without_a_torch_step_runs_on_the_host(monkeypatch):
+    """A library kind torchlib has no torch form of (here: matmul and transpose, taken away) runs its numpy step
+    on host copies: the plans stay right, and such a plan is not captured as a CUDA graph."""
+    import torch
+
+    from planforge.targets.cuda import torchlib
+
+    monkeypatch.setattr(torchlib, "_STEPS", {k: v for k, v in torchlib._STEPS.items()
+                                             if k not in ("matmul", "transpose")})
+    g = zoo.transformer_block(seq=7, width=24, heads=2, mlp=2)
+    task = _task(g)
+    progs = [task.backend.genome.program(c.as_dict()) for c in _genomes(task, 2, seed=4)]
+    task.backend.close()
+    xs = g.example_inputs(2)
+    ref = g.evaluate(*xs)
+    for prog in progs:
+        plan = CudaPlan(g, prog, DEVICE)
+        assert plan.host_steps > 0 and plan.graphed() is None
+        (y,) = plan(*xs)
+        assert float(np.abs(y - ref[0]).max()) <= tolerance(g, ref)
+    # the torch-eager baseline takes the same way round
+    (y,) = torchlib.forward(g, DEVICE)(*[torch.from_numpy(x).to(DEVICE) for x in xs])
+    assert float(np.abs(y.cpu().numpy() - ref[0]).max()) <= tolerance(g, ref)
