@@ -253,3 +253,45 @@ def test_a_library_op_without_a_torch_step_runs_on_the_host(monkeypatch):
     # the torch-eager baseline takes the same way round
     (y,) = torchlib.forward(g, DEVICE)(*[torch.from_numpy(x).to(DEVICE) for x in xs])
     assert float(np.abs(y.cpu().numpy() - ref[0]).max()) <= tolerance(g, ref)
+
+
+def _attention_graph(seq: int = 9, heads: int = 2, dh: int = 16, causal: bool = True, scale: float | None = None):
+    """x -> q, k, v projections -> heads -> sdpa -> merged heads -> output projection: attention as one op."""
+    from planforge.ir.graph import GraphBuilder
+
+    width = heads * dh
+    b = GraphBuilder(f"attn-s{seq}-h{heads}-d{dh}")
+    x = b.input("x", (seq, width))
+
+    def heads_of(t: str) -> str:
+        return b.op("transpose", b.op("reshape", t, shape=(seq, heads, dh)), perm=(1, 0, 2))
+
+    q, k, v = (heads_of(b.linear(x, width, width, f"attn.{n}")) for n in "qkv")
+    ctx = b.op("sdpa", q, k, v, causal=causal, scale=dh ** -0.5 if scale is None else scale)
+    y = b.op("reshape", b.op("transpose", ctx, perm=(1, 0, 2)), shape=(seq, width))
+    return b.output(b.linear(y, width, width, "attn.o"))
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_sdpa_lowers_to_the_flash_attention_template(causal):
+    g = _attention_graph(causal=causal)
+    task = _task(g)
+    progs = [task.backend.genome.program(c.as_dict()) for c in _genomes(task, 3, seed=5)]
+    task.backend.close()
+    kinds = set()
+    for prog in progs:
+        kinds |= _check(g, prog)
+    assert "attention" in kinds
+    att = [s for p in progs for s in p if s["op"] in TEMPLATES and s["problem"]["op"] == "attention"]
+    assert {tuple(sorted(s["knobs"])) for s in att} == {("BLOCK_M", "BLOCK_N", "num_stages", "num_warps")}
+
+
+def test_sdpa_the_template_cannot_run_stays_a_torch_step():
+    """A scale other than 1/sqrt(d) (the template's) leaves sdpa to torch's own, still right."""
+    g = _attention_graph(causal=False, scale=0.3)
+    task = _task(g)
+    progs = [task.backend.genome.program(c.as_dict()) for c in _genomes(task, 2, seed=6)]
+    task.backend.close()
+    for prog in progs:
+        assert "attention" not in _check(g, prog)
+        assert any(s["op"].startswith("lib") and s["args"][0] == "sdpa" for s in prog)

@@ -7,7 +7,7 @@ whose offsets come from buffer lifetimes (``cpu.plan.plan_arena``: the same
 layout, on a torch buffer); a reshape is a view of its input's slot. Each
 step is bound once: a template node to its Triton launcher with its knobs
 (the GEMM with its epilogue, the batch-1 fused MLP, the row-wise layernorm
-and softmax, a one-step eltwise chain), a library node to its torch calls
+and softmax, a one-step eltwise chain, flash attention for ``sdpa``), a library node to its torch calls
 (``torchlib``). ``run()`` then launches the bound steps on the inputs
 already on the device, with no allocation and no shape logic.
 
@@ -107,6 +107,9 @@ def template_call(problem, knobs: dict, ins: list, out, layers=None) -> Callable
         for i, (w, b) in enumerate(layers):
             t[f"W{i}"], t[f"b{i}"] = w, b
         return launcher(p, knobs, t, out.reshape(-1))
+    if p.op == "attention":  # q, k, v [..., H, S, D] as [1, B * H, S, D]
+        t = {n: x.reshape(p.dims) for n, x in zip("qkv", ins)}
+        return launcher(p, knobs, t, out.reshape(p.dims))
     if p.op == "gemm":
         M, N, K = p.dims
         t = {"A": ins[0].reshape(M, K), "B": ins[1]}

@@ -401,7 +401,24 @@ def from_kernel(p, dtype: str = "fp32") -> CudaProblem:
         acts = activations()
         layers = tuple((int(k), int(n), "none" if a == "none" else acts.get(a, a)) for k, n, a in d["layers"])
         return CudaProblem("mlp", (), "none", dtype, layers=layers)
+    if op == "attention":
+        return _attention(d, dtype)
     return parse(op, d["dims"], d.get("epilogue", "none"), dtype)
+
+
+def _attention(d: dict, dtype: str) -> CudaProblem:
+    """The flash-attention template's problem of a neutral ``attention`` problem: dims (BH, G, S, T, D, DV),
+    epilogue ``causal:SCALE`` or ``full:SCALE``. The template takes one query head per key/value head, as many
+    keys as queries, equal head dims and the scale 1/sqrt(D): the (1, BH, S, D) problem."""
+    bh, g, s, t, dk, dv = (int(x) for x in d["dims"])
+    mask, _, scale = str(d.get("epilogue", "")).partition(":")
+    why = ("grouped-query heads" if g != 1 else "fewer keys than queries" if t != s else
+           "different value and key head dims" if dv != dk else
+           f"the scale {scale} (the template's is 1/sqrt({dk}))" if abs(float(scale or 0) * math.sqrt(dk) - 1) > 1e-9
+           else None)
+    if why:
+        raise ProblemError(f"the attention template does not run {why}")
+    return CudaProblem("attention", (1, bh, s, dk), "none", dtype, causal=mask == "causal")
 
 
 __all__ = ["CudaProblem", "EPS", "OPS", "ProblemError", "TRITON_ACTS", "UNIT", "act64", "check", "from_kernel",

@@ -109,10 +109,55 @@ def _gelu(ins, attrs, out):
     return _into(act("gelu:" + str(attrs.get("approximate", "tanh")), ins[0]), out)
 
 
+def _sdpa(ins, attrs, out):
+    import torch.nn.functional as F
+
+    q, k, v = ins
+    gqa = q.dim() >= 3 and q.shape[-3] != k.shape[-3]
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=bool(attrs.get("causal")), scale=float(attrs["scale"]),
+                                       **({"enable_gqa": True} if gqa else {}))
+    return _into(y, out)
+
+
+def _pow(ins, attrs, out):
+    import torch
+
+    return torch.pow(ins[0], float(attrs["exponent"]), out=out)
+
+
+def _reduce(name: str):
+    def step(ins, attrs, out):
+        import torch
+
+        x = ins[0]
+        axes = attrs.get("axes") or tuple(range(x.dim()))
+        y = getattr(torch, name)(x, dim=tuple(int(a) for a in axes), keepdim=bool(attrs.get("keepdim")))
+        return _into(y, out)
+    return step
+
+
+def _unary(name: str):
+    def step(ins, attrs, out):
+        import torch
+
+        return getattr(torch, name)(ins[0], out=out)
+    return step
+
+
+def _binary(name: str):
+    def step(ins, attrs, out):
+        import torch
+
+        return getattr(torch, name)(ins[0], ins[1], out=out)
+    return step
+
+
 _STEPS: dict[str, Callable] = {
     "matmul": _matmul, "matmul_bcast": _matmul, "linear": _linear, "layernorm": _norm, "normalize": _norm,
     "softmax": _softmax, "exp_shifted": _exp_shifted, "div_rowsum": _div_rowsum, "mul": _mul, "scale": _scale,
-    "transpose": _transpose, "reshape": _reshape, "concat": _concat, "gelu": _gelu,
+    "transpose": _transpose, "reshape": _reshape, "concat": _concat, "gelu": _gelu, "sdpa": _sdpa, "pow": _pow,
+    "mean": _reduce("mean"), "sum": _reduce("sum"), "multiply": _binary("mul"), "divide": _binary("div"),
+    **{n: _unary(n) for n in ("rsqrt", "sqrt", "reciprocal", "exp", "log", "cos", "sin", "abs")},
 }
 
 
