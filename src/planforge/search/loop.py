@@ -205,6 +205,9 @@ def search_async(space: Space, strategy: StrategyFor, executor: Executor, budget
             search it belongs to (the driver records it under that
             fingerprint); when None, ``on_trial`` alone is called.
         poll_s: longest wait for a result before checking the time budget (default 0.5 s).
+    A result 10x slower than the best so far, timed while other processes
+    used the measuring CPUs, is held back and measured again a little later
+    (``search.recheck``): the faster of the two is settled, both are kept.
     Once a search has spent its budget or stopped, its candidates in flight
     are waited for and recorded: nothing measured is thrown away. The result
     is the main fingerprint's search; ``by_target`` holds every
@@ -326,7 +329,8 @@ def search_async(space: Space, strategy: StrategyFor, executor: Executor, budget
                 s = search_for(where)
                 now = s.rechecks.sift([(d.candidate, d.outcome) for d in done], s.best())  # holds suspects back
                 s.inflight -= len(now)
-                s.strategy.tell([settle(s, c, o, False) for c, o in now])
+                if now:
+                    s.strategy.tell([settle(s, c, o, False) for c, o in now])
         else:
             for where, s in searches.items():
                 if s.rechecks.held:  # nothing else in flight to wait behind: measure the suspects again now
