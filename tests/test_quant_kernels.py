@@ -173,3 +173,18 @@ def test_a_bad_budget_on_the_command_line_is_one_clear_line(cli, tmp_path):
                      ("accuracy=max_rel_err:0.01;=cosine:0.9", "needs a task name")]:
         r = cli("tune", "--workload", "gemv", "--shape", "64,64", "--option", opt, "--out", tmp_path)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_dynamic_activations_only_where_there_is_a_dot_product(profile):
+    import dataclasses
+
+    from planforge.targets.cpu.templates import limits
+
+    zen3 = limits(dataclasses.replace(profile, isa=["sse4_2", "avx", "avx2", "fma", "f16c"], vector_lanes_fp32=8))
+    assert zen3.dot_i8_lanes == () and "int8+a8" not in quant_variants(Problem("gemv", (64, 64)), zen3)
+    avx512 = limits(dataclasses.replace(profile, isa=["avx2", "avx512f", "avx512vl", "avx512_vnni"],
+                                        vector_lanes_fp32=16))
+    assert avx512.dot_i8_lanes == (16, 8) and "int8+a8" in quant_variants(Problem("gemv", (64, 64)), avx512)
+    assert "int8+a8" not in quant_variants(Problem("gemm", (4, 64, 64)), avx512)  # the GEMM widens B, A stays fp32
+    space = quant_space(Problem("gemv", (64, 64)), zen3, quant_variants(Problem("gemv", (64, 64)), zen3))
+    assert "act" not in space.names
