@@ -507,3 +507,37 @@ def test_torch_compile_backend_runs_a_refused_graph_eagerly():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="unknown"):
         torch.compile(m, backend="planforge", options={"budgett": 1})(x)
+
+
+# -- the fused attention template -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dims, epilogue", [((2, 1, 7, 7, 16, 16), "causal:0.25"), ((3, 3, 5, 9, 13, 6), "full:0.4"),
+                                            ((1, 4, 33, 33, 8, 8), "causal:0.3535533905932738")])
+def test_attention_template_is_correct_at_sampled_settings(dims, epilogue, profile):
+    """Every sampled knob setting (block sizes past the shapes, odd widths, grouped queries) within tolerance of the
+    fp64 reference, which the worker checks."""
+    from planforge.measure import TimingConfig
+    from planforge.ops.kernel import Problem
+    from planforge.targets.cpu.kernel import CpuBackend
+    from planforge.targets.cpu.templates import TEMPLATES, limits
+
+    problem = Problem("attention", dims, epilogue)
+    t = TEMPLATES["attention"]
+    space = t.space(problem, limits(profile))
+    every = list(space.enumerate())
+    cands = [every[i] for i in np.random.default_rng(0).choice(len(every), min(8, len(every)), replace=False)]
+    be = CpuBackend(problem, t, profile, timing=TimingConfig(warmup_s=0.0, budget_s=0.0, min_repeats=1,
+                                                             max_repeats=1))
+    try:
+        outs = be.measure(cands)
+    finally:
+        be.close()
+    bad = [(c.as_dict(), o.category, o.message[:300]) for c, o in zip(cands, outs) if not o.ok]
+    assert cands and not bad, bad
+
+
+def test_sdpa_nodes_have_a_template_problem():
+    from planforge.ops.sdpa import kernel
+
+    p = kernel([(1, 8, 32, 32), (1, 2, 32, 32), (1, 2, 32, 16)], (1, 8, 32, 16), {"causal": True, "scale": 0.125})
+    assert p.op == "attention" and p.dims == (2, 4, 32, 32, 32, 16) and p.epilogue == "causal:0.125"

@@ -11,8 +11,6 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-import numpy as np
-
 from ..ops.egg import MAX_ARITY
 from ..ops.fallback import describe
 from .frontend import Const, Emitter, Unavailable, UnsupportedOp
@@ -93,7 +91,7 @@ def torch_node(em: Emitter, node, args, kwargs, why: UnsupportedOp):
     return one(val, None)
 
 
-def onnx_node(em: Emitter, onnx, node, ins, opsets: dict, dtypes: list[str], shapes: list, why: UnsupportedOp):
+def onnx_node(em: Emitter, node, ins, opsets: dict, dtypes: list[str], shapes: list, why: UnsupportedOp):
     """The outputs of ONNX ``node`` computed by ONNX's reference evaluator at run time."""
     ops = _Operands(em)
     names = []
@@ -116,7 +114,3 @@ def onnx_node(em: Emitter, onnx, node, ins, opsets: dict, dtypes: list[str], sha
                         inputs=names)
         outs.append(em.node("fallback", ops.values, o or f"{node.op_type}.{i}", call=call))
     return tuple(outs)
-
-
-def numpy_dtype_name(arr_or_dtype) -> str:
-    return np.dtype(arr_or_dtype).name

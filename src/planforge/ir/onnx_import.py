@@ -306,8 +306,7 @@ class _Importer:
         dtypes = [self.onnx.helper.tensor_dtype_to_np_dtype(self.types.get(i, T.FLOAT)).name if i else "float32"
                   for i in node.input]
         opsets = {o.domain or "": o.version for o in self.model.opset_import}
-        return onnx_node(self.em, self.onnx, node, ins, opsets, dtypes, [self.inferred.get(o) for o in node.output],
-                         why)
+        return onnx_node(self.em, node, ins, opsets, dtypes, [self.inferred.get(o) for o in node.output], why)
 
     def _fold(self, node, ins):
         """Evaluate a node whose inputs are all constants with ONNX's reference evaluator, at the model's opset."""

@@ -26,12 +26,20 @@ from typing import Any
 
 _CONV_DIMS = "N,C,H,W,O,KH,KW,SH,SW,PT,PL,PB,PR,DH,DW,G"
 KERNELS = {"gemm": "M,N,K", "gemv": "N,K", "softmax": "rows,cols", "layernorm": "rows,cols", "eltwise": "rows,cols",
-           "conv": _CONV_DIMS, "dwconv": _CONV_DIMS}
+           "conv": _CONV_DIMS, "dwconv": _CONV_DIMS, "attention": "BH,G,S,T,D,DV"}
 MAY_BE_ZERO = {"PT", "PL", "PB", "PR"}  # a convolution's padding
 
 
 class ProblemError(ValueError):
     """A problem that cannot be built (bad op, shape or epilogue)."""
+
+
+def _is_float(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
 
 
 def _key(d: Any) -> str:
@@ -111,6 +119,10 @@ class Problem:
                 raise ProblemError(str(e)) from None
         if self.op in ("softmax", "layernorm") and self.epilogue != "none":
             raise ProblemError(f"{self.op} takes no epilogue")
+        if self.op == "attention":
+            kind, _, scale = self.epilogue.partition(":")
+            if kind not in ("full", "causal") or not _is_float(scale):
+                raise ProblemError(f"attention epilogue {self.epilogue!r}: expected full:SCALE or causal:SCALE")
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "dims": list(self.dims), "epilogue": self.epilogue}
@@ -130,6 +142,8 @@ class Problem:
         if self.op in ("conv", "dwconv"):
             N, C, H, W, O, KH, KW = self.dims[:7]
             return C // self.dims[15] * KH * KW
+        if self.op == "attention":
+            return self.dims[3] + self.dims[4]        # a softmax over T keys of dot products of length D
         return self.dims[2] if self.op == "gemm" else self.dims[1]
 
 

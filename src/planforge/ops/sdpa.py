@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from .base import Library, Op, need
+from .kernel import Problem
 
 
 def shape(s, attrs):
@@ -80,6 +81,16 @@ def _step(ins, out, attrs):
         np.matmul(sc, v, out=og)
 
     return run
+
+
+def kernel(s, out, attrs) -> Problem | None:
+    """The fused attention template's problem (``targets/cpu/templates/attention.py``): q [.., H, S, D] as
+    [.., Hk, G * S, D], one kv head per ``BH``; None where it does not apply (rank 2)."""
+    q, k, v = s
+    if len(q) < 3 or q[-3] % k[-3]:
+        return None
+    return Problem("attention", (math.prod(k[:-2]), q[-3] // k[-3], q[-2], k[-2], q[-1], v[-1]),
+                   f"{'causal' if attrs.get('causal') else 'full'}:{float(attrs['scale'])!r}")
 
 
 def _workspace(s) -> int:
@@ -173,6 +184,8 @@ OPS = [Op(
     egg_attr=lambda attrs: f"{'causal' if attrs.get('causal') else 'full'},{float(attrs['scale'])!r}",
     from_egg=lambda s: {"causal": s.split(",")[0] == "causal", "scale": float(s.split(",")[1])},
     flops=flops,
+    templated=True,
+    kernel=kernel,
     torch={"scaled_dot_product_attention": _torch},
     tolerance_terms=lambda s: s[1][-2] + s[0][-1],
     doc="scaled dot-product attention (causal, grouped-query)",

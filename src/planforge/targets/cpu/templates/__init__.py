@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ....ops.kernel import MlpProblem, Problem, ProblemError, problem_from_json
 from ....space import Space
-from . import conv, gemm, gemv, mlp, qgemv, rowwise
+from . import attention, conv, gemm, gemv, mlp, qgemv, rowwise
 from .problem import LIBRARIES, OPS, available_libraries, check, flops, make_inputs, min_bytes, output_shape, \
     reference, tolerance
 
@@ -124,6 +124,8 @@ TEMPLATES: dict[str, Template] = {
     ) for op in ("softmax", "layernorm", "eltwise")},
     **{op: Template(op, space=conv.space, defaults=conv.defaults, source=conv.source, bind=conv.bind,
                     plan_inputs=conv.plan_inputs) for op in ("conv", "dwconv")},
+    "attention": Template("attention", space=attention.space, defaults=attention.defaults, source=attention.source,
+                          bind=attention.bind, plan_inputs=attention.plan_inputs),
 }
 
 

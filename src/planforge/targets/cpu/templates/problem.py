@@ -14,13 +14,13 @@ from typing import Callable
 import numpy as np
 
 from ....ops.kernel import KERNELS, Problem, ProblemError
-from . import conv, gemm, gemv, rowwise
+from . import attention, conv, gemm, gemv, rowwise
 from .facts import Facts
 
 OPS = tuple(KERNELS)
 FACTS: dict[str, Facts] = {"gemm": gemm.FACTS, "gemv": gemv.FACTS, "softmax": rowwise.FACTS,
                            "layernorm": rowwise.FACTS, "eltwise": rowwise.FACTS, "conv": conv.FACTS,
-                           "dwconv": conv.FACTS}
+                           "dwconv": conv.FACTS, "attention": attention.FACTS}
 
 
 def facts(p) -> Facts:
