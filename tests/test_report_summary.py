@@ -234,3 +234,23 @@ def test_a_run_file_from_before_these_fields_still_renders(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps(run))
     html = write_report(tmp_path).read_text()
     assert 'id="summary"' in html and "4.5x faster than numpy" in html and "None" not in html
+
+
+def test_tune_prints_the_reports_trust_warnings_literally(tmp_path):
+    import io
+    import json
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from planforge import cli
+
+    (tmp_path / "run.json").write_text(json.dumps(synthetic_run()))
+    out = io.StringIO()
+    cli._print_trust_warnings(SimpleNamespace(report_path=tmp_path / "report.html"), Console(file=out, width=400))
+    text = out.getvalue()
+    assert "warning (t): " in text and "probed while other processes used 43%" in text
+    assert "889x slower" in text
+    quiet = io.StringIO()
+    cli._print_trust_warnings(SimpleNamespace(report_path=None), Console(file=quiet))  # no report: nothing
+    assert quiet.getvalue() == ""

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="planforge: find the fastest correct plan for a tensor program on this machine, by measuring.")
@@ -198,11 +199,26 @@ def tune(
         print(json.dumps(summary_json(res), indent=2, sort_keys=True, default=str))
     else:
         print_summary(res, out_console)
+        _print_trust_warnings(res, out_console)
     if not res.ok:
         for tr in res.tasks:
             if tr.error:
                 err_console.print(f"[bold red]error:[/] task {tr.task.key}: {escape(str(tr.error))}", highlight=False)
         raise typer.Exit(1)
+
+
+def _print_trust_warnings(res, console) -> None:
+    """The report's trust warnings (a busy probe or measurement, high spread, a finalist far from its search
+    time, a rejected fastest plan), read back from the run file the report was rendered from."""
+    from .report.run import RunError, load_run, print_warnings
+    from .report.verdict import summarize
+
+    if res.report_path is None:
+        return
+    try:
+        print_warnings(summarize(load_run(res.report_path.parent)), console)
+    except RunError as e:
+        err_console.print(Text(f"warning: the run file could not be read back for its warnings: {e}"))
 
 
 @spec_app.command("validate")

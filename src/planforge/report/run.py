@@ -290,6 +290,18 @@ def with_defaults(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def print_warnings(box: dict[str, Any], console) -> int:
+    """The summary box's trust warnings (``verdict.summarize``), one line each, printed literally; how many."""
+    from rich.text import Text
+
+    n = 0
+    for key, s in box["tasks"].items():
+        for w in s["warnings"]:
+            console.print(Text(f"warning ({key}): {w}", style="yellow"))
+            n += 1
+    return n
+
+
 def print_run_summary(run: dict[str, Any], console=None) -> None:
     """A short terminal summary of run data (what ``planforge report`` prints next to the HTML): the summary
     box's answers and warnings, printed literally (plan labels hold square brackets)."""
@@ -311,9 +323,7 @@ def print_run_summary(run: dict[str, Any], console=None) -> None:
         table.add_row(Text(key), Text(s["plan"]), Text(s.get("latency", "-")), Text(s.get("speed", "-")),
                       Text(("converged: " if cv["converged"] else "not converged: ") + cv["text"]))
     con.print(table)
-    for key, s in box["tasks"].items():
-        for w in s["warnings"]:
-            con.print(Text(f"warning ({key}): {w}", style="yellow"))
+    print_warnings(box, con)
     if box["end_to_end"]:
         con.print(Text(f"end to end: {box['end_to_end']['latency']}: {box['end_to_end']['speed']}"))
     con.print(Text(f"break-even: {box['break_even']}"))
