@@ -82,7 +82,8 @@ class CudaTarget:
         why = no_gpu_reason()
         if why:
             raise TargetError(f"the cuda target cannot {what}: {why}. To plan for a GPU without one, use its "
-                              f"published figures: --offline H100|H200|A100|L4 (or {OFFLINE_ENV}=H200)")
+                              f"published figures: --offline H100|H200|A100|L4 (planforge probe, "
+                              f"bench/gpu_check.py --plan) or {OFFLINE_ENV}=H200")
 
     @property
     def fingerprint(self) -> str:
