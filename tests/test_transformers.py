@@ -541,3 +541,10 @@ def test_sdpa_nodes_have_a_template_problem():
 
     p = kernel([(1, 8, 32, 32), (1, 2, 32, 32), (1, 2, 32, 16)], (1, 8, 32, 16), {"causal": True, "scale": 0.125})
     assert p.op == "attention" and p.dims == (2, 4, 32, 32, 32, 16) and p.epilogue == "causal:0.125"
+
+
+def test_tune_strict_refuses_before_tuning():
+    import planforge
+
+    with pytest.raises(UnsupportedOps, match="2 unsupported op"):
+        planforge.tune(Odd(), (rnd(3, 4),), budget=2, options={"strict": True})

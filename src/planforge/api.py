@@ -212,8 +212,8 @@ def _workload(workload_or_module, example_inputs, name: str | None, options: dic
         if not args and type(workload_or_module).__name__ != "ExportedProgram":
             raise ValueError("tuning a torch module needs example_inputs (the tensors forward() takes; their shapes "
                              "become the plan's shapes)")
-        graph = from_torch(workload_or_module, args, name=name)
         opts = dict(options or {})
+        graph = from_torch(workload_or_module, args, name=name, strict=bool(opts.get("strict", False)))
         return graph_workload(graph, name or graph.name, target=target if target is not None else "cpu",
                               **{k: opts[k] for k in ("memory_budget_mb", "seed") if k in opts})
     raise TypeError(f"planforge.tune takes a workload name, a model file, a Workload or a torch.nn.Module, "
@@ -241,7 +241,8 @@ def tune(workload_or_module, example_inputs=None, target: str | Target | None = 
             evaluation, after a warm-up round) or ``"round-robin"`` (evenly); see ``planforge.search.scheduler``.
         strategy: a search strategy name or ``"auto"`` (default).
         out: output folder for spec.json, run.json and report.html (default ``planforge-out/NAME``).
-        options: workload options, as ``--option key=value`` gives them.
+        options: workload options, as ``--option key=value`` gives them; for a torch module ``strict`` (default
+            False) refuses ops with no rule, listing them all, instead of running them as library fallback steps.
         executor: where measurements run, as ``--executor`` gives it: ``{"kind": "local", "workers": 4}`` or
             ``{"kind": "ray", "address": "auto"}`` (default None: one local worker). Slots of several device
             fingerprints tune each on its own and write a spec each (``.specs``).
