@@ -279,10 +279,7 @@ def with_formats(space: Space, names: tuple[str, ...], dot_lanes: tuple[int, ...
     ``act`` (dynamic int8 activations) when ``int8+a8`` is among them (at the widths ``dot_lanes`` with a dot
     product). A quantised plan always packs its weights (``packed``: the condition that says so in this
     space), and only int4 has a block size, so the restrictions keep one point per distinct kernel."""
-    try:
-        vk = [variant_knobs(n) for n in names]
-    except ValueError as e:
-        raise ValueError(str(e)) from None
+    vk = [variant_knobs(n) for n in names]  # QuantError (a ValueError) names an unknown variant
     formats = tuple(dict.fromkeys(k["wfmt"] for k in vk))
     blocks = tuple(dict.fromkeys(k["qblock"] for k in vk if k["wfmt"] == "int4")) or INT4_BLOCKS[:1]
     knobs = [*space.knobs, categorical("wfmt", formats), categorical("qblock", blocks)]
