@@ -58,6 +58,13 @@ from planforge.warmstart import recording_source  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 HUB = ROOT.parent / "shared" / "benchmark_hub"
 EARLY_GRID = (0, 4, 8, 16, 32)
+# candidates for the cold default (--defaults): label -> (strategy, settings); "auto" is today's
+DEFAULTS = {
+    "auto": ("auto", {}),
+    "thompson": ("thompson", {}),
+    "bandit:thompson+genetic": ("bandit", {"arms": "thompson+genetic", "c": 0.2}),
+    "thompson:wide": ("thompson", {"radius": 3, "global_every": 2}),
+}
 PEERS_JSON = ROOT / "bench" / "results" / "replay_peers.json"
 
 
@@ -88,6 +95,9 @@ class Runner:
             bound = rep.optimum * (1 + TOLERANCE)
             if method in ("auto", "random"):
                 values = replay_run(rep, method, seed, self.budget, stop_at=bound).values
+            elif method.startswith("default:"):
+                name, opts = DEFAULTS[method.split(":", 1)[1]]
+                values = replay_run(rep, name, seed, self.budget, options=opts, stop_at=bound).values
             elif method == "warm:auto":
                 values = replay_run(rep, "auto", seed, self.budget, warm=self.warm[(label, early)],
                                     stop_at=bound).values
@@ -135,8 +145,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=50, help="scoring seeds 0..S-1 (default 50)")
     ap.add_argument("--choose", type=int, default=0, help="seeds (1000..) for choosing early, leave one family "
                                                           "out (default 0: no choice, EARLY only)")
+    ap.add_argument("--defaults", type=int, default=0, help="seeds (1000..) for choosing the cold default among "
+                                                            "DEFAULTS, leave one family out (default 0: none)")
     ap.add_argument("--budget", type=int, default=1000)
     ap.add_argument("--no-optuna", action="store_true", help="leave out the Optuna peer")
+    ap.add_argument("--peer-seeds", type=int, default=None, help="seeds 0..P-1 for the Optuna peer (default: "
+                                                                 "--seeds; its runs cost 10-100x planforge's)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--checkpoint", type=Path)
@@ -177,16 +191,44 @@ def main(argv=None) -> int:
         print(f"early chosen leave one family out: {chosen}; on all families: "
               f"{choice_table['all families']['chosen']} ({time.time() - t0:.0f} s)", flush=True)
 
+    chosen_default, default_table = {}, {}
+    if args.defaults:
+        dseeds = range(1000, 1000 + args.defaults)
+        med, p90 = {}, {}
+        for lb in labels:
+            for m in ["random", *(f"default:{d}" for d in DEFAULTS)]:
+                xs = [run.evals(lb, m, s) for s in dseeds]
+                med[(lb, m)], p90[(lb, m)] = float(np.median(xs)), float(np.percentile(xs, 90))
+
+        def rank(d, pool):  # first: spaces where it is worse than random (p50 or p90), then the geometric mean
+            m = f"default:{d}"
+            worse = sum(med[(lb, m)] > med[(lb, "random")] or p90[(lb, m)] > p90[(lb, "random")] for lb in pool)
+            return worse, geo(med[(lb, m)] for lb in pool)
+
+        for fam in [*fams, "all families"]:
+            pool = [lb for lb in labels if fam_of[lb] != fam]
+            scores = {d: rank(d, pool) for d in DEFAULTS}
+            chosen_default[fam] = min(DEFAULTS, key=lambda d: scores[d])
+            default_table[fam] = {"chosen": chosen_default[fam],
+                                  "worse_than_random_on, geo_mean": {d: list(v) for d, v in scores.items()}}
+        print(f"cold default chosen leave one family out: {chosen_default} ({time.time() - t0:.0f} s)", flush=True)
+
     seeds = range(args.seeds)
+    peer_seeds = range(args.seeds if args.peer_seeds is None else args.peer_seeds)
     methods = ["random", "auto", "warm:auto"] + ([] if args.no_optuna else ["optuna", "warm:optuna"])
     peers = peer_figures(PEERS_JSON)
     rows = {}
     for lb in labels:
-        d = {m: stats([run.evals(lb, m, s) for s in seeds], args.budget) for m in methods}
+        d = {m: stats([run.evals(lb, m, s) for s in (peer_seeds if "optuna" in m else seeds)], args.budget)
+             for m in methods}
         if args.choose and chosen[fam_of[lb]] != EARLY:
             d["warm-lofo:auto"] = stats([run.evals(lb, "warm:auto", s, chosen[fam_of[lb]]) for s in seeds], args.budget)
         else:
             d["warm-lofo:auto"] = d["warm:auto"]
+        if chosen_default:
+            d["cold-lofo"] = stats([run.evals(lb, f"default:{chosen_default[fam_of[lb]]}", s) for s in seeds],
+                                   args.budget)
+            d["cold-lofo"]["chosen"] = chosen_default[fam_of[lb]]
         cold_peers = {} if args.no_optuna else {"optuna:tpe (this run)": (d["optuna"]["median"], d["optuna"]["p90"])}
         cold_peers.update({k + " (replay_peers.json)": v for k, v in peers.get(lb, {}).items()})
         best = min(cold_peers.items(), key=lambda kv: kv[1][0]) if cold_peers else None
@@ -212,12 +254,19 @@ def main(argv=None) -> int:
         "warm_auto_over_cold_auto_median": float(np.median([rows[lb]["warm:auto"]["median"] / rows[lb]["auto"]["median"]
                                                             for lb in labels])),
     }
+    if chosen_default:
+        summary["cold_lofo_over_best_cold_peer_median"] = float(np.nanmedian([ratio(lb, "cold-lofo") for lb in labels]))
+        summary["cold_lofo_worse_than_random"] = {
+            "p50": [lb for lb in labels if rows[lb]["cold-lofo"]["median"] > rows[lb]["random"]["median"]],
+            "p90": [lb for lb in labels if rows[lb]["cold-lofo"]["p90"] > rows[lb]["random"]["p90"]]}
     summary["cold_auto_worse_than_random"] = {"p50": summary.pop("cold_auto_not_worse_than_random_p50"),
                                               "p90": summary.pop("cold_auto_not_worse_than_random_p90")}
     cpu = {m: round(run.cpu(m), 1) for m in methods}
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "budget": args.budget, "seeds": args.seeds,
+           "peer_seeds": len(peer_seeds),
            "choose_seeds": args.choose, "early_default": EARLY, "early_grid": grid, "early_choice": choice_table,
-           "tolerance": TOLERANCE, "wall_s": round(time.time() - t0), "cpu_s": cpu, "summary": summary,
+           "defaults": {k: list(v) for k, v in DEFAULTS.items()}, "default_choice": default_table,
+           "choose_default_seeds": args.defaults, "tolerance": TOLERANCE, "wall_s": round(time.time() - t0), "cpu_s": cpu, "summary": summary,
            "spaces": rows, "command": " ".join(sys.argv)}
     print(json.dumps(summary, indent=1))
     if args.json:

@@ -110,7 +110,7 @@ def test_warm_needs_fewer_evaluations_than_cold(family, name):
     ws = WarmStart(target.space, [recording_source(source.recording)])
     cold = sorted(evals_to_5pct(target, make_strategy(name, target.space, s, budget=200)) for s in range(3))
     warm = sorted(evals_to_5pct(target, make_strategy(name, target.space, s, budget=200, warm=ws)) for s in range(3))
-    assert warm[1] <= EARLY < cold[1], (cold, warm)
+    assert warm[1] <= 3 and 4 * warm[1] <= cold[1], (cold, warm)  # the source's best is next to the target's
 
 
 def test_thompson_prior_alone_points_at_the_source_best(family):
@@ -178,7 +178,7 @@ def test_replay_cli_warm_start(cli, family):
             "--strategy", "genetic", "--json", check=True)
     spaces = json.loads(r.stdout)["spaces"]
     d = spaces[target.label]
-    assert d["warm:genetic"]["median_evals_to_5pct"] <= EARLY < d["genetic"]["median_evals_to_5pct"]
+    assert 4 * d["warm:genetic"]["median_evals_to_5pct"] <= d["genetic"]["median_evals_to_5pct"]
     r = cli("replay", tgt, "--no-t1", "--warm-start", tgt.parent / "missing.json", "--seeds", "1")
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
 
