@@ -548,3 +548,11 @@ def test_tune_strict_refuses_before_tuning():
 
     with pytest.raises(UnsupportedOps, match="2 unsupported op"):
         planforge.tune(Odd(), (rnd(3, 4),), budget=2, options={"strict": True})
+
+
+@pytest.mark.parametrize("e", [2.0, 3.0, -2.0, 0.5, 1.5, 4.0])
+def test_pow_library_step_matches_the_reference(e):
+    x = np.abs(_r(7, 33)) + 0.1 if e != int(e) or e < 0 else _r(7, 33)
+    out = np.empty_like(x)
+    lib_step("pow", repr(e), [x], out)()
+    np.testing.assert_allclose(out, REGISTRY["pow"].reference([x.astype(np.float64)], {"exponent": e}), rtol=1e-6)
