@@ -67,7 +67,7 @@ def test_rowwise_odd_shapes_all_settings(profile, op, dims, epi):
 
 def test_bad_problems_are_clear_errors():
     with pytest.raises(ProblemError, match="unknown op"):
-        Problem("conv", (1, 2))
+        Problem("fft", (1, 2))
     with pytest.raises(ProblemError, match="3 positive integer sizes"):
         Problem("gemm", (1, 2))
     with pytest.raises(ProblemError, match="unknown epilogue"):
