@@ -145,7 +145,7 @@ def test_model_on_a_profile_needs_its_ceilings(profile):
     assert m.ceil.fingerprint == profile.fingerprint and max(m.ceil.rate_bits.values()) == pytest.approx(
         profile.peak_flops_1t)
     with pytest.raises(ValueError, match="no analytic model"):
-        AnalyticModel("conv", (1,), "none", 1.0, m.ceil, m.space)
+        AnalyticModel("fft", (1,), "none", 1.0, m.ceil, m.space)
 
 
 # -- the funnel ---------------------------------------------------------------------------------------------
