@@ -142,6 +142,7 @@ def _chromium(args, timeout=90):
                               text=True, timeout=timeout)
 
 
+SHOT_HEIGHT = 9000
 SUMMARY_BG, SUMMARY_EDGE, BEST_LINE = (245, 249, 255), (31, 95, 168), (161, 74, 0)  # the stylesheet's and svg.py's
 
 
@@ -174,12 +175,13 @@ def test_report_renders_in_headless_chromium(which, width, request, tmp_path):
     folder = request.getfixturevalue(which)
     url = (folder / "report.html").resolve().as_uri()
     shot = tmp_path / "report.png"
-    p = _chromium([f"--screenshot={shot}", f"--window-size={width},5000", url])
+    # tall enough that the plots are on it however many warnings a busy machine adds above them
+    p = _chromium([f"--screenshot={shot}", f"--window-size={width},{SHOT_HEIGHT}", url])
     assert shot.is_file() and shot.stat().st_size > 20_000, p.stderr[-2000:]
     from PIL import Image
 
     img = Image.open(shot).convert("RGB")
-    assert img.size == (width, 5000)
+    assert img.size == (width, SHOT_HEIGHT)
     # rows showing the box's background (its padding shows on both sides of a warning that spans the box)
     rows = _rows_with(img, SUMMARY_BG, min_count=40)
     box = [y for i, y in enumerate(rows) if all(b - a <= 4 for a, b in zip(rows[:i], rows[1:i + 1]))]
