@@ -200,6 +200,9 @@ def main() -> int:
             for k, (f, _) in rs.items():
                 if f:
                     times[k].append(statistics.median(time_fn(f, cfg)))
+                    # let this runner's spinning threads (ONNX Runtime's, torch's, a plan's persistent pool)
+                    # go idle, or the next runner shares its cores with them
+                    time.sleep(0.05)
         med = {k: statistics.median(v) for k, v in times.items()}
         info = tr.task.info
         print(f"\n{name}: {g.name}, {len(g.nodes)} ops, {g.param_bytes() / 1e6:.2f} MB weights; tuned in "
