@@ -79,11 +79,6 @@ class TaskState:
         return self.curve[i - 1][1] if i else None
 
     @property
-    def median(self) -> float | None:
-        """The median valid metric measured (the lower middle one of an even count; None before any)."""
-        return sorted(self.metrics)[(len(self.metrics) - 1) // 2] if self.metrics else None
-
-    @property
     def share(self) -> float | None:
         """Its part of the end-to-end latency: weight x best (None before a valid measurement)."""
         return None if self.best is None else self.weight * self.best
