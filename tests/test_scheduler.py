@@ -139,6 +139,8 @@ def test_a_budget_too_small_for_the_tasks_is_a_clear_error(tmp_path):
         make_scheduler("round-robin", alpha=0.3)
     with pytest.raises(ValueError, match="alpha must be within"):
         make_scheduler("gradient", alpha=2)
+    with pytest.raises(ValueError, match="window, k and patience must be at least 1"):
+        make_scheduler("gradient", k=0)
 
 
 class Stop(KeyboardInterrupt):
