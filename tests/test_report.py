@@ -150,11 +150,12 @@ def _near(px, rgb, tol=6):
     return all(abs(a - b) <= tol for a, b in zip(px, rgb))
 
 
-def _rows_with(img, rgb, min_count=20):
-    """The pixel rows of ``img`` holding at least ``min_count`` pixels of colour ``rgb``."""
+def _rows_with(img, rgb, min_count=20, step=2, tol=6):
+    """The pixel rows of ``img`` holding at least ``min_count`` pixels of colour ``rgb`` (every ``step``-th row
+    and column looked at)."""
     w, h = img.size
     data = img.load()
-    return [y for y in range(0, h, 2) if sum(_near(data[x, y], rgb) for x in range(0, w, 2)) >= min_count // 2]
+    return [y for y in range(0, h, step) if sum(_near(data[x, y], rgb, tol) for x in range(0, w, step)) >= min_count // step]
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +189,8 @@ def test_report_renders_in_headless_chromium(which, width, request, tmp_path):
     assert box and box[0] < 400 and box[-1] - box[0] > 150, (box[:1], box[-1:], rows[:40])  # the answer first
     edge = [x for x in range(width) if _near(img.getpixel((x, box[len(box) // 2])), SUMMARY_EDGE, 30)]
     assert edge and edge[0] > 0 and edge[-1] < width - 1  # the box's borders are both on screen: it fits
-    assert _rows_with(img, BEST_LINE, min_count=30), "no best-so-far curve drawn"
+    # every row: a flat curve is one anti-aliased stroke, whose fully covered row may be an odd one
+    assert _rows_with(img, BEST_LINE, min_count=30, step=1, tol=20), "no best-so-far curve drawn"
     dom = _chromium(["--dump-dom", url]).stdout
     assert 'id="summary"' in dom and dom.count("<svg ") >= 2 and "<script" not in dom
     assert not EXTERNAL.search(dom)
