@@ -6,7 +6,9 @@ convolution's weights and bias), ``fuse`` (B: a Conv+BN kernel, and the three-in
 between transposes that cancel, 1x1 convolutions as GEMMs). A fixed order is a sequential rewriter: each
 group runs to saturation with ``subsume`` (a rewrite removes what it matched, so a later group never sees
 the form it replaced: fold first leaves nothing for B to fuse, fuse first nothing for A to fold), then the
-other ops' rules and the lowering. The e-graph applies all groups together and keeps every form.
+other ops' rules and the lowering (``planforge.rewrite.phases.fixed_order``). The e-graph applies all groups
+together and keeps every form; its search is seeded with each fixed order's extraction as well as its own
+greedy and ILP ones (``workloads.models``), while each fixed order starts from its own two only.
 
 Each variant is tuned at the same budget with planforge's own search (the model's e-graph built by the
 variant's rewriter; everything else as ``planforge tune`` does it); then the chosen plans are timed in this
@@ -31,12 +33,8 @@ import numpy as np
 from planforge.api import tune
 from planforge.ir import GraphBuilder
 from planforge.ir.zoo import _basic_block, conv_bn_relu, tiny_resnet
-from planforge.ops import REGISTRY
-from planforge.ops.conv_fused import GROUPS, rule_groups
-from planforge.ops.egg import E, Vars
 from planforge.rewrite import Limits
-from planforge.rewrite import egraph as rw_egraph
-from planforge.rewrite.lang import rulesets
+from planforge.rewrite.phases import ORDERS, fixed_order
 from planforge.workloads import models as wl_models
 
 
@@ -48,43 +46,12 @@ def residual(size: int = 14, width: int = 32):
 MODELS = {"conv-bn-relu": lambda: conv_bn_relu(size=28, cin=32, cout=32),
           "residual": residual,
           "resnet": lambda: tiny_resnet(size=32, width=16, blocks=(1, 1))}
-ORDERS = {f"{g} first": (g, *[h for h in GROUPS if h != g]) for g in GROUPS}
-
-
-def _other_rules() -> list:
-    """Every rule of the ops other than the convolution rules (the linear head's epilogue, transposes, biases)."""
-    from egglog import ruleset
-
-    v = Vars()
-    rules = []
-    for op in REGISTRY.values():
-        if op.rules is not None and op.name != "conv_pack":
-            for name, rs in op.rules(E, v).items():
-                if name in ("epilogue", "layout", "algebra"):
-                    rules.extend(rs)
-    return ruleset(*rules)
 
 
 def sequential(order: tuple[str, ...]):
     """A ``saturate`` that applies the groups of ``order`` one after another, destructively."""
-    from egglog import EGraph, ruleset
-
-    groups = {k: ruleset(*rs) for k, rs in rule_groups(E, Vars(), subsume=True).items()}
-    others = _other_rules()
-
     def saturate(g, names, limits: Limits = Limits()):
-        eg = EGraph()
-        t0 = time.perf_counter()
-        root = rw_egraph.encode(g, eg)
-        for name in order:
-            eg.run(groups[name] * limits.iterations)
-        eg.run(others * limits.iterations)
-        eg.run(rulesets()["lowering"] * 1)
-        out = rw_egraph._read(eg, root)
-        out.stats = {"order": list(order), "nodes": out.n_nodes, "classes": len(out.classes),
-                     "seconds": time.perf_counter() - t0, "stop": "sequential", "iterations": 0,
-                     "rolled_back": False, "sizes": [], "rulesets": list(names)}
-        return out
+        return fixed_order(g, order, names, limits)
 
     return saturate
 
@@ -94,8 +61,9 @@ def tuned(graph, budget: int, out: Path, order=None):
     t0 = time.perf_counter()
     if order is None:
         wl = wl_models.graph_workload(graph, graph.name)
-    else:
-        with mock.patch.object(wl_models, "saturate", sequential(order)):
+    else:  # a fixed order's own e-graph, seeded by its own extractions only (greedy and ILP)
+        with mock.patch.object(wl_models, "saturate", sequential(order)), \
+                mock.patch.object(wl_models, "_order_choices", lambda *a: {}):
             wl = wl_models.graph_workload(graph, graph.name)
     res = tune(wl, budget=budget, out=out)
     steps = sorted({f"{s['op'][:-1]}:{s['args'][0]}" for t in res.spec["tasks"].values()

@@ -333,3 +333,36 @@ def test_a_fixed_order_loses_what_the_e_graph_keeps():
     assert "conv_bn_act" in fuse_first and "conv_act" not in fuse_first
     both = {n.args[0] for ns in saturate(g, RULES).classes.values() for n in ns if n.impl == "tmpl"}
     assert {"conv_act", "conv_bn", "conv_bn_act", "conv2d"} <= both
+
+
+def test_each_fixed_orders_plan_seeds_the_e_graphs_search(tmp_path, profile):
+    """What a fixed order keeps is a restriction of the saturated e-graph (``phases.embed`` loses none of its
+    kernels), its extraction is one more seed of the search (deduplicated by plan), a graph the groups do not
+    match gets only its greedy and ILP seeds, and a budget below the number of seeds measures only the budget."""
+    import planforge
+    from planforge.rewrite.phases import ORDERS, embed, fixed_order
+    from planforge.workloads.models import graph_workload
+
+    g = ZOO["conv-bn-relu"]()
+    full = saturate(g, RULES)
+    for order in ORDERS.values():
+        part = fixed_order(g, order, RULES)
+        kept = embed(full, part)
+        kinds = {(n.op, n.args[0]) for ns in part.classes.values() for n in ns if n.executable and n.args}
+        assert kinds == {(full.node(i).op, full.node(i).args[0]) for i in kept if full.node(i).executable
+                         and full.node(i).args}
+
+    task = graph_workload(g, "cbr").tasks[0]
+    labels = task.info["seeds"]
+    assert len(labels) == len(task.seeds) == len({c.fingerprint for c in task.seeds})
+    assert {"fold first", "fuse first"} <= set(labels)
+    by = dict(zip(labels, task.seeds))
+    steps = {k: {s["args"][0].removesuffix("_nhwc") for s in task.backend.genome.program(c.as_dict()) if s["args"]}
+             for k, c in by.items()}  # the kernels of each seed, whatever their layout
+    assert "bn_fold_w" in steps["fold first"] and not {"conv_bn", "conv_bn_act"} & steps["fold first"]
+    assert "conv_bn_act" in steps["fuse first"] and "bn_fold_w" not in steps["fuse first"]
+
+    assert set(graph_workload(ZOO["policy-mlp"](), "mlp").tasks[0].info["seeds"]) <= {"ilp", "greedy"}
+
+    res = planforge.tune(graph_workload(g, "cbr"), budget=1, out=tmp_path / "t")
+    assert res.spec["tasks"]["graph"]["search"]["evaluations"] == 1

@@ -292,7 +292,8 @@ def rule_groups(E, v, subsume: bool = False) -> dict[str, list]:
     return {"fold": fold, "fuse": fuse, "epilogue": epi, "layout": _layout(E, v, rw) + _pointwise(E, v, rw)}
 
 
-def _rules(E, v):
+def group_rules(E, v):
+    """Every group's rules in the rule set it belongs to (``RULESET_OF``): what the e-graph applies together."""
     out: dict[str, list] = {}
     for group, rules in rule_groups(E, v).items():
         out.setdefault(RULESET_OF[group], []).extend(rules)
@@ -330,5 +331,5 @@ def _layout(E, v, rw=rewrite):
 
 
 OPS = [_op(k, nhwc) for k in KINDS if k != "conv2d" for nhwc in (False, True)] + [_op("conv2d", True),
-                                                                                 replace(PACK, rules=_rules),
+                                                                                 replace(PACK, rules=group_rules),
                                                                                  *POINTWISE_OPS]

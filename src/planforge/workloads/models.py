@@ -6,7 +6,10 @@ graphs stay whole). Each task's graph goes into an e-graph, the rule sets
 saturate it within limits, the e-nodes that cannot fit the memory budget are
 pruned, greedy and ILP extraction give two starting plans, and the genome
 (one gene per e-class plus the knobs of each template) is what the search
-explores, measuring the task's plans end to end.
+explores, measuring the task's plans end to end. Where the rule groups whose order
+matters fire (``rewrite.phases``: the convolution groups), each fixed order's
+extraction seeds the search too, so the e-graph's search starts from every plan
+a fixed-order rewriter would have started from.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from ..rewrite import Limits, saturate
 from ..rewrite.analysis import analyse, estimate
 from ..rewrite.extract import greedy, ilp, prune_memory, usable
 from ..rewrite.partition import WHOLE_BELOW, partition
+from ..rewrite.phases import ORDERS, embed, fixed_order, groups_fire
 from ..space.genome import Genome
 from ..targets import Target, TargetError, get_target
 from ..validate import MemoryBudget
@@ -51,6 +55,21 @@ def _no_template(eg, a, target: Target) -> set[str]:
     return out
 
 
+def _order_choices(graph: Graph, eg, names: list[str], limits: Limits, costs, allowed) -> dict[str, Any]:
+    """Each fixed order's ILP extraction (``rewrite.phases``), as a choice over ``eg``: what the order's
+    sequential rewriter keeps (``embed``) restricts ``allowed``. Empty when no group's rule matches ``graph``;
+    an order whose plan ``eg`` does not hold (``eg`` stopped at a limit) is left out."""
+    if not groups_fire(graph, limits):
+        return {}
+    out = {}
+    for label, order in ORDERS.items():
+        kept = embed(eg, fixed_order(graph, order, names, limits))
+        sub = usable(eg, {c: [n for n in ns if n in kept] for c, ns in allowed.items()})
+        if eg.root in sub:
+            out[label] = ilp(eg, costs, sub)[0]
+    return out
+
+
 def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 0, node_limit: int = 20_000,
                weight: int = 1) -> Task:
     """The task of one graph (a whole model, or one part of a partitioned one): its e-graph saturated within
@@ -60,7 +79,8 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     if device is None:
         raise TargetError(f"target {target.name!r} has no device ceilings: it cannot plan a whole model")
     t0 = time.perf_counter()
-    eg = saturate(graph, _rulesets(graph), Limits(nodes=node_limit))
+    limits, names = Limits(nodes=node_limit), _rulesets(graph)
+    eg = saturate(graph, names, limits)
     a = analyse(eg, graph)
     a.unavailable |= _no_template(eg, a, target)
     allowed = usable(eg, {c: [n.id for n in ns if n.executable and n.id not in a.unavailable]
@@ -73,6 +93,9 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     g_choice = greedy(eg, costs, allowed)
     t2 = time.perf_counter()
     i_choice, how = ilp(eg, costs, allowed)
+    t3 = time.perf_counter()
+    orders = _order_choices(graph, eg, names, limits, costs, allowed)
+    t_orders = time.perf_counter() - t3
     t3 = time.perf_counter()
 
     def ranker(problem, space):
@@ -87,7 +110,12 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
 
     genome = Genome.build(eg, a, allowed, g_choice, knob_space=target.knob_space, defaults=target.default_knobs,
                           ranker=ranker)
-    seeds = [genome.candidate_of(i_choice), genome.candidate_of(g_choice)]
+    seeds, seed_of = [], {}
+    for label, ch in [("ilp", i_choice), ("greedy", g_choice), *orders.items()]:
+        c = genome.candidate_of(ch)
+        if c.fingerprint not in seed_of:  # two extractions of one plan are one seed
+            seed_of[c.fingerprint] = label
+            seeds.append(c)
     t4 = time.perf_counter()
 
     def peak(c) -> int:
@@ -97,7 +125,8 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
                 validators=(MemoryBudget(budget, peak),), peak_bytes=peak)
     task.seeds = seeds
     task.info = {**genome.describe(), "pruned_by_memory": len(pruned), "saturation_s": t1 - t0,
-                 "greedy_s": t2 - t1, "ilp_s": t3 - t2, "ilp": how, "genome_s": t4 - t3}
+                 "greedy_s": t2 - t1, "ilp_s": t3 - t2, "ilp": how, "genome_s": t4 - t3,
+                 "orders_s": t_orders, "seeds": list(seed_of.values())}
     return task
 
 
@@ -138,7 +167,7 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
             t.info.update({"structure": key, "instances": list(idx), "ops": len(rep.graph.nodes)})
             tasks.append(t)
     phases = {"partition_s": t_part, "saturation_s": sum(t.info["saturation_s"] for t in tasks),
-              "extraction_s": sum(t.info["greedy_s"] + t.info["ilp_s"] for t in tasks),
+              "extraction_s": sum(t.info["greedy_s"] + t.info["ilp_s"] + t.info["orders_s"] for t in tasks),
               "genome_s": sum(t.info["genome_s"] for t in tasks)}
     shapes = {k: list(v) for k, v in graph.inputs.items()}
     opts = {**(options or {}), "memory_budget_mb": memory_budget_mb, "seed": seed}
