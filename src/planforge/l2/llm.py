@@ -106,7 +106,8 @@ class LLMConfig:
         """The configuration of ``environ`` (default ``os.environ``) and the config file; None when neither
         names an endpoint (then nothing is ever sent)."""
         env = os.environ if environ is None else environ
-        path = Path(env.get(ENV_CONFIG) or DEFAULT_CONFIG).expanduser()
+        home = Path(env["HOME"]) if env.get("HOME") else Path("~").expanduser()
+        path = Path(env[ENV_CONFIG]).expanduser() if env.get(ENV_CONFIG) else home / DEFAULT_CONFIG.relative_to("~")
         data: dict[str, Any] = {}
         if env.get(ENV_CONFIG) or path.is_file():
             try:
@@ -124,6 +125,7 @@ class LLMConfig:
         extra = sorted(set(data) - known)
         if extra:
             raise LLMConfigError(f"LLM configuration: unknown field{'s' if len(extra) > 1 else ''} {', '.join(extra)}")
+        data.setdefault("model", "")  # so that a missing model gets its own message
         try:
             return cls(**data)
         except TypeError as e:
