@@ -8,6 +8,9 @@ time in this one process, interleaved round by round on the same input:
 - the plan exported as C (``planforge.spec.export_c``): ``libplan.so`` through
   ctypes (pointers bound once), and its own C ``plan_main`` (10,000 calls per
   round, run between the Python rounds, the median per call it prints);
+- (every runner's calls are timed one by one too: the mean per call of each
+  round, whose median over rounds is the headline figure, and the p50 and p99
+  of all single calls, which a busy machine's descheduled calls move far less);
 - a direct numpy function (matmul, bias and activation into preallocated rows),
   ONNX Runtime (default session, and one intra-op thread), OpenVINO (latency
   hint, fp32 inference) when installed, torch eager and torch.compile under
@@ -15,8 +18,11 @@ time in this one process, interleaved round by round on the same input:
 
 It prints every median, every ratio to planforge, planforge over the fastest of
 numpy, ONNX Runtime, OpenVINO and torch.compile (the target is 0.3), the call
-overhead (``plan(x)`` minus the C main's time per call; the target is under
-1 us) and the physical-limit estimate: the weights' bytes over the read
+overhead (the target is under 1 us: ``plan(x)`` over the kernel's own time in
+this process, the loaded plan's native entry called from C on the same buffers
+by ``kernel_time``, as means over each round's calls and as medians of single
+calls; ``plan(x)`` minus the C main's time, which is another process with its
+own pool and caches, is printed beside it) and the physical-limit estimate: the weights' bytes over the read
 bandwidth, from the probe, of the smallest cache level that holds them across
 the threads the plan uses (the exported C plan's target is within 1.5x).
 
@@ -217,6 +223,39 @@ def time_calls(f, n: int) -> float:
     return (clock() - t0) / n
 
 
+def single_calls(f, n: int) -> list[float]:
+    """``n`` calls of ``f``, each timed on its own (seconds, the timer's own cost included)."""
+    clock = time.perf_counter_ns
+    ts = []
+    for _ in range(n):
+        t0 = clock()
+        f()
+        ts.append(clock() - t0)
+    return [t * 1e-9 for t in ts]
+
+
+def per_call(f, n: int) -> float:
+    """The median of ``n`` single calls of ``f``."""
+    return statistics.median(single_calls(f, n))
+
+
+def call_overhead(plan, fast, x: np.ndarray, y: np.ndarray, calls: int, rounds: int) -> dict[str, float]:
+    """Medians over ``rounds`` of single-call medians: ``plan(x)``, ``plan(x, out=y)``, the kernel alone (its native
+    entry timed from C, one call at a time) and an empty call (the timer's own cost, taken off the Python ones)."""
+    runs = {"plan(x)": lambda: per_call(lambda: plan(x), calls),
+            "plan(x, out=y)": lambda: per_call(lambda: plan(x, out=y), calls),
+            "kernel": lambda: statistics.median([fast.kernel_time(x, y, 1) for _ in range(calls)]),
+            "timer": lambda: per_call(lambda: None, calls)}
+    got: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, f in runs.items():
+            time.sleep(0.03)
+            got[k].append(f())
+    med = {k: statistics.median(v) for k, v in got.items()}
+    return {"plan(x)": med["plan(x)"] - med["timer"], "plan(x, out=y)": med["plan(x, out=y)"] - med["timer"],
+            "kernel": med["kernel"]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=int, default=24, help="plans measured per MLP (default 24)")
@@ -267,7 +306,12 @@ def main() -> int:
                 if err > 1e-3 * (1 + float(np.abs(ref).max())):
                     print(f"  {key}/{k}: max error {err:.3g} vs the fp64 reference", file=sys.stderr)
         times: dict[str, list[float]] = {k: [] for k, (f, _) in rs.items() if f}
+        singles: dict[str, list[float]] = {k: [] for k in times}  # every single call, for p50 and p99
         c_times = []
+        # the loaded plan's compiled call, whose kernel_time runs its native entry alone from C (None: no lean path)
+        fast = type(plan).__dict__.get("__call__")
+        fast = fast if hasattr(fast, "kernel_time") else None
+        k_times = []
         for _ in range(args.rounds):
             for k, (f, _) in rs.items():
                 if f:
@@ -275,7 +319,13 @@ def main() -> int:
                     # after their last call: let them go idle, or the next runner shares its cores with them
                     time.sleep(0.03)
                     f()
-                    times[k].append(time_calls(f, args.calls))
+                    one = single_calls(f, args.calls)
+                    times[k].append(sum(one) / len(one))
+                    singles[k].extend(one)
+            if fast is not None:
+                time.sleep(0.03)
+                fast.kernel_time(x, y_out, 10)
+                k_times.append(fast.kernel_time(x, y_out, args.calls))
             if main_path is not None:
                 time.sleep(0.05)  # the Python plans' workers past their spin bound: asleep, not competing
                 t, y = c_main(main_path, args.c_calls)
@@ -284,6 +334,11 @@ def main() -> int:
                 if err > 1e-3 * (1 + float(np.abs(ref).max())):
                     print(f"  {key}/C main: max error {err:.3g} vs the fp64 reference", file=sys.stderr)
         med = {k: statistics.median(v) for k, v in times.items()}
+        timer = per_call(lambda: None, args.calls)
+        pct = {k: (float(np.percentile(v, 50)) - timer, float(np.percentile(v, 99)) - timer) for k, v in singles.items()}
+        if k_times:
+            med["kernel alone (this process)"] = statistics.median(k_times)
+        single = call_overhead(plan, fast, x, y_out, args.calls, args.rounds) if fast is not None else None
         if c_times:
             med["exported C main"] = statistics.median(c_times)
         pf = med["planforge plan(x)"]
@@ -295,20 +350,36 @@ def main() -> int:
               f"{tuned_s:.0f} s; plan knobs {knobs or '(not one fused MLP)'}")
         print(f"  physical limit: {lim_t * 1e6:.2f} us on {threads} thread(s) (weights in {lvl_t}); "
               f"{lim_all * 1e6:.2f} us on all {prof.physical_cores} cores ({lvl_all})")
+        p50 = pct["planforge plan(x)"][0]
+        print(f"  {'':>26}  mean/call    ratio    | single calls: p50      ratio     p99")
         for k, (f, why) in rs.items():
             if f:
-                print(f"  {k:>26}: {med[k] * 1e6:8.2f} us   planforge / this = {pf / med[k]:.3f}")
+                print(f"  {k:>26}: {med[k] * 1e6:8.2f} us   {pf / med[k]:6.3f}   | {pct[k][0] * 1e6:14.2f} us  "
+                      f"{p50 / pct[k][0]:6.3f}  {pct[k][1] * 1e6:8.2f} us")
             else:
                 print(f"  {k:>26}: skipped: {why}")
         if "exported C main" in med:
             c = med["exported C main"]
             print(f"  {'exported C main':>26}: {c * 1e6:8.2f} us   planforge / this = {pf / c:.3f}   "
                   f"C main / limit = {c / lim_t:.2f} (target <= 1.5)")
-            print(f"  call overhead from Python: plan(x) - C main = {(pf - c) * 1e6:.2f} us (target < 1 us)")
+            print(f"  plan(x) - C main (another process) = {(pf - c) * 1e6:.2f} us")
+        if k_times:
+            k = med["kernel alone (this process)"]
+            po = med["planforge plan(x, out=y)"]
+            print(f"  {'kernel alone (this process)':>26}: {k * 1e6:8.2f} us   (native entry called from C, same buffers)")
+            print(f"  call overhead over the kernel's own time (target < 1 us): means of rounds: plan(x) "
+                  f"+{(pf - k) * 1e6:.2f} us, plan(x, out=y) +{(po - k) * 1e6:.2f} us; medians of single calls: "
+                  f"plan(x) +{(single['plan(x)'] - single['kernel']) * 1e6:.2f} us, plan(x, out=y) "
+                  f"+{(single['plan(x, out=y)'] - single['kernel']) * 1e6:.2f} us (kernel {single['kernel'] * 1e6:.2f} us)")
+        else:
+            print("  call overhead: the loaded plan has no compiled call path (not one fused step): not measured")
         have = [p for p in PEERS if p in med]
         if have:
             best = min(have, key=lambda p: med[p])
             print(f"  planforge / fastest peer ({best}, {med[best] * 1e6:.2f} us) = {pf / med[best]:.3f} (target <= 0.3)")
+            best50 = min(have, key=lambda p: pct[p][0])
+            print(f"  by single-call p50: planforge / fastest peer ({best50}, {pct[best50][0] * 1e6:.2f} us) = "
+                  f"{p50 / pct[best50][0]:.3f}")
         swept = []
         if args.sweep and layers:
             _, _, ws, bs = fused_step(plan.plan)
@@ -317,7 +388,8 @@ def main() -> int:
                 f"{k['threads']}t {''.join(k[s] for s in sorted(k) if s.startswith('split'))}"
                 f"{'' if k['pin'] or k['threads'] == 1 else ' unpinned'} {t * 1e6:.2f} us"
                 for t, k in swept))
-        report[key] = {"sweep": [(t, k) for t, k in swept], "widths": widths, "median_s": med, "knobs": knobs, "limit_s": lim_t, "limit_level": lvl_t,
+        report[key] = {"sweep": [(t, k) for t, k in swept], "widths": widths, "median_s": med, "knobs": knobs,
+                       "single_call_s": single, "p50_p99_s": pct, "limit_s": lim_t, "limit_level": lvl_t,
                        "limit_all_cores_s": lim_all, "skipped": {k: why for k, (f, why) in rs.items() if not f}}
         if lib is not None:
             lib.plan_destroy()

@@ -215,6 +215,15 @@ def test_plan_hot_path_in_place_and_out():
         assert fastcall.unavailable() is None, fastcall.unavailable()
     if fastcall.unavailable() is None:
         assert type(f).__name__ == "Bound"  # one compiled call, no Python in between
+        # the kernel alone, timed from C on the same buffers (what a call's overhead is measured over)
+        out = np.zeros_like(want)
+        assert f.kernel_time(x, out, 3) > 0 and np.array_equal(out, want)
+        with pytest.raises(TypeError, match="input shape"):
+            f.kernel_time(np.zeros(3, np.float32), out, 1)
+        with pytest.raises(TypeError, match="writable"):
+            f.kernel_time(x, np.zeros(3, np.float32), 1)
+        with pytest.raises(ValueError, match="at least 1"):
+            f.kernel_time(x, out, 0)
     y = f(x)
     assert y.shape == want.shape and y.dtype == np.float32 and np.array_equal(y, want)
     out = np.zeros_like(want)

@@ -15,7 +15,9 @@ torch tensor) goes to the plan's own Python path, which converts and checks.
 ``bound(fn_addr, handle, in_shape, out_shape, fallback, keep)`` returns the
 callable, or None when the extension cannot be built here (no Python
 headers, no compiler): the caller then keeps its ctypes path;
-``unavailable()`` says why.
+``unavailable()`` says why. The callable's ``kernel_time(x, out, n)`` times
+the native entry alone, called ``n`` times from C on the same buffers: the
+kernel's own time in this process, which a call's overhead is measured over.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ _SOURCE = r"""
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
@@ -107,6 +110,39 @@ static PyObject *bound_call(PyObject *self, PyObject *const *args, size_t nargsf
     return y;
 }
 
+/* kernel_time(x, out, n): seconds per call of the native entry alone on x and out, n calls timed from C, in this
+   process and on these buffers: what a call through bound_call adds is the difference */
+static PyObject *bound_kernel_time(PyObject *self, PyObject *args) {
+    Bound *B = (Bound *)self;
+    PyObject *x, *out;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OOn", &x, &out, &n)) return NULL;
+    if (n < 1) { PyErr_SetString(PyExc_ValueError, "kernel_time: n must be at least 1"); return NULL; }
+    Py_buffer bx, by;
+    if (f32(x, &bx, 0, B->nin, B->din, B->sin) != 0) {
+        PyErr_SetString(PyExc_TypeError, "kernel_time: x is not a C-contiguous fp32 array of the plan's input shape");
+        return NULL;
+    }
+    if (f32(out, &by, 1, B->nout, B->dout, B->sout) != 0) {
+        PyBuffer_Release(&bx);
+        PyErr_SetString(PyExc_TypeError, "kernel_time: out is not a writable C-contiguous fp32 array of the plan's output shape");
+        return NULL;
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (Py_ssize_t i = 0; i < n; i++) B->fn(B->h, (const float *)bx.buf, (float *)by.buf);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    PyBuffer_Release(&bx);
+    PyBuffer_Release(&by);
+    return PyFloat_FromDouble(((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec)) / (double)n);
+}
+
+static PyMethodDef bound_methods[] = {
+    {"kernel_time", bound_kernel_time, METH_VARARGS,
+     "kernel_time(x, out, n): seconds per call of the kernel alone (n calls from C on x and out)"},
+    {NULL, NULL, 0, NULL},
+};
+
 static int bound_init(PyObject *self, PyObject *args, PyObject *kw) {
     Bound *B = (Bound *)self;
     unsigned long long fn, h;
@@ -159,6 +195,7 @@ static PyTypeObject BoundType = {
     .tp_doc = "Bound(fn, handle, in_shape, out_shape, fallback, keep, only): f(x, *, out=None) -> out",
     .tp_vectorcall_offset = offsetof(Bound, vectorcall),
     .tp_call = PyVectorcall_Call,
+    .tp_methods = bound_methods,
     .tp_new = PyType_GenericNew,
     .tp_init = bound_init,
     .tp_traverse = bound_traverse,
