@@ -266,3 +266,109 @@ def test_the_playbook_learns_the_best_setting_of_earlier_runs_from_the_records(t
     props = Playbook(records=db, target="dev").propose(ctx, 8).proposals
     assert any(p.source.startswith("records:") for p in props)
     db.close()
+
+
+# -- through the driver: the drill (a table, exact) and the CLI on a tiny GEMM ------------------------------------
+
+def drill_plans():
+    """The drill's valid plans (passing its validators) by table time, and one invalid but fast plan."""
+    from planforge.workloads import load_workload
+
+    task = load_workload("drill").tasks[0]
+    ok = sorted(((task.backend.table[c.fingerprint], c.as_dict()) for c in task.space.enumerate()
+                if not any(v(c) for v in task.validators)), key=lambda x: x[0])
+    bad = min(((task.backend.table[c.fingerprint], c.as_dict()) for c in task.space.enumerate()
+               if any(v(c) for v in task.validators)), key=lambda x: x[0])
+    return ok, bad
+
+
+def tune_drill(tmp_path, monkeypatch, plans, mode="always"):
+    import planforge.l2.run as l2run
+    from planforge.l2 import L2Settings
+    from planforge.search import Budget
+    from planforge.tuning import tune
+    from planforge.workloads import load_workload
+
+    monkeypatch.setattr(l2run, "make_proposers", lambda *a, **k: [Fixed(plans)])
+    return tune(load_workload("drill"), strategy="random", budget=Budget(evals=2), seed=0, out=tmp_path,
+                l2=L2Settings(mode, budget=4))
+
+
+def test_the_driver_keeps_a_faster_valid_proposal_and_the_spec_says_it_came_from_l2(tmp_path, monkeypatch):
+    from planforge.spec import Records
+
+    ok, _ = drill_plans()
+    (t_best, best), (t_mid, mid) = ok[0], ok[len(ok) // 2]
+    res = tune_drill(tmp_path, monkeypatch, [mid, best])
+    t = next(iter(res.spec["tasks"].values()))
+    assert t["plan"] == best and t["latency_s"] == t_best and t["rank"] == 1
+    assert t["l2"]["proposer"] == "fixed" and t["l2"]["trigger"] == "always" and t["l2"]["latency_s"] == t_best
+    assert t["search"]["evaluations"] == 2  # the search's own figures stand as they were
+    run = json.loads((tmp_path / "run.json").read_text())
+    l2 = next(iter(run["tasks"].values()))["l2"]
+    assert [(f["source"], f["fate"]) for f in l2["proposals"]] in ([("p0", "reverted"), ("p1", "kept")],
+                                                                   [("p0", "duplicate"), ("p1", "kept")])
+    html = (tmp_path / "report.html").read_text()
+    assert "Proposals (L2)" in html and "kept" in html
+    with Records(tmp_path / "records.db") as db:  # the proposals' measurements are in the records
+        fps = {r.fingerprint for r in db.records(run_id=res.run_id)}
+    assert res.tasks[0].walk.accepted.candidate.fingerprint in fps
+
+
+def test_the_driver_reverts_slower_and_invalid_proposals_and_the_spec_is_unchanged(tmp_path, monkeypatch):
+    from planforge.search import Budget
+    from planforge.tuning import tune
+    from planforge.workloads import load_workload
+
+    ok, (t_bad, bad) = drill_plans()
+    plain = tune(load_workload("drill"), strategy="random", budget=Budget(evals=2), seed=0, out=tmp_path / "plain")
+    p0 = next(iter(plain.spec["tasks"].values()))
+    slower = [p for t, p in ok if t > p0["latency_s"]][-1]
+    res = tune_drill(tmp_path / "l2", monkeypatch, [slower, bad] if t_bad < p0["latency_s"] else [slower])
+    t = next(iter(res.spec["tasks"].values()))
+    assert "l2" not in t and t["plan"] == p0["plan"] and t["latency_s"] == p0["latency_s"]
+    fates = res.tasks[0].l2["proposals"]
+    assert fates[0]["fate"] == "reverted"
+    if t_bad < p0["latency_s"]:  # faster, but the drill's validators reject it
+        assert "rejected by a validator" in fates[-1]["reason"]
+
+
+def test_auto_leaves_a_task_without_a_library_alone(tmp_path, monkeypatch):
+    ok, _ = drill_plans()
+    res = tune_drill(tmp_path, monkeypatch, [ok[0][1]], mode="auto")  # the drill has no library: no 95% rule
+    assert res.tasks[0].l2 is None and "l2" not in next(iter(res.spec["tasks"].values()))
+
+
+def test_cli_l2_always_on_a_tiny_gemm_shows_the_proposals(cli, tmp_path):
+    out = tmp_path / "out"
+    cli("tune", "--workload", "gemm", "--shape", "8,32,32", "--budget", "3", "--l2", "always", "--out", str(out),
+        "-q", cwd=tmp_path, check=True)
+    run = json.loads((out / "run.json").read_text())
+    l2 = next(iter(run["tasks"].values()))["l2"]
+    assert l2["trigger"] == "always" and l2["proposers"][0]["proposer"] == "playbook"
+    assert l2["proposers"][0]["status"] == "ok" and l2["proposals"]
+    assert {f["proposer"] for f in l2["proposals"]} == {"playbook"}
+    assert all(f["fate"] in ("kept", "reverted", "failed", "refused", "duplicate", "unmeasured")
+               for f in l2["proposals"])
+    assert sum(f["fate"] in ("kept", "reverted", "failed") for f in l2["proposals"]) == l2["measured"] <= 8
+    html = (out / "report.html").read_text()
+    assert "Proposals (L2)" in html and "gemm-half-the-vector-registers" in html
+    spec = json.loads((out / "spec.json").read_text())
+    t = next(iter(spec["tasks"].values()))
+    assert ("l2" in t) == (l2["kept"] is not None and l2["kept"]["fingerprint"] == t["fingerprint"])
+
+
+def test_cli_refuses_a_bad_l2_setting(cli, tmp_path):
+    r = cli("tune", "--workload", "drill", "--l2", "sometimes", cwd=tmp_path)
+    assert r.returncode != 0 and "unknown --l2 mode 'sometimes'; choose from off, auto, always" in r.stderr
+    r = cli("tune", "--workload", "drill", "--l2", "always", "--l2-proposer", "oracle", cwd=tmp_path)
+    assert r.returncode != 0 and "unknown L2 proposer 'oracle'" in r.stderr
+
+
+def test_a_plan_the_search_screened_out_is_not_proposed_again():
+    sp, be = table()
+    c0, c1 = sp.make({"a": 1, "b": "x"}), sp.make({"a": 2, "b": "y"})
+    ctx = build_context("t", sp, be, [(c0, be.measure([c0])[0]), (c1, Outcome.rejected("bound slower than best"))])
+    assert c1.fingerprint in ctx.screened and c1.fingerprint not in ctx.measured
+    res = run_l2(ctx, [Fixed([{"a": 2, "b": "y"}])], be)
+    assert res.fates[0].fate == "duplicate" and res.fates[0].reason == "refused by the search's screen before measuring"

@@ -2,7 +2,8 @@
 through the same admission, measurement and keep/revert as everything else (``l2.run.run_l2``)."""
 from .context import TaskContext, build_context
 from .proposer import Proposal, Proposals, Proposer, admit, triage
-from .run import DEFAULT_BUDGET, MODES, PROPOSERS, Fate, L2Result, Queue, make_proposers, run_l2, trigger
+from .run import (DEFAULT_BUDGET, MODES, PROPOSERS, Fate, L2Result, L2Settings, Queue, make_proposers, run_l2,
+                  task_phase, trigger)
 
-__all__ = ["DEFAULT_BUDGET", "MODES", "PROPOSERS", "Fate", "L2Result", "Proposal", "Proposals", "Proposer",
-           "Queue", "TaskContext", "admit", "build_context", "make_proposers", "run_l2", "trigger"]
+__all__ = ["DEFAULT_BUDGET", "MODES", "PROPOSERS", "Fate", "L2Result", "L2Settings", "Proposal", "Proposals", "Proposer",
+           "Queue", "TaskContext", "admit", "build_context", "make_proposers", "run_l2", "task_phase", "trigger"]

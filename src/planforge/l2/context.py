@@ -48,8 +48,9 @@ class TaskContext:
         roofline: the analytic model's figures for the incumbent (``bound_s``, ``limiter``,
             ``intensity``, ``of_bound``), or None without one.
         libraries: the library baselines' median seconds.
-        measured: fingerprints of every candidate measured for this task (proposals are deduplicated
-            against them).
+        measured: fingerprints of every candidate the search measured for this task, and ``screened``: those
+            it refused before measuring (the roofline screen, a restriction); proposals are deduplicated
+            against both (a refused one is in the records already, under this run).
     """
 
     task: str
@@ -65,6 +66,7 @@ class TaskContext:
     roofline: dict[str, Any] | None = None
     libraries: dict[str, float] = field(default_factory=dict)
     measured: frozenset[str] = frozenset()
+    screened: frozenset[str] = frozenset()
 
     @property
     def base(self) -> Candidate:
@@ -155,4 +157,5 @@ def build_context(task: str, space: Space, backend, trials: Sequence[tuple[Candi
     return TaskContext(task, template, dict(problem), space, backend.device_profile(),
                        incumbent[0] if incumbent else None, incumbent[1] if incumbent else None, top,
                        dict(sorted(counts.items())), examples, dict(roofline) if roofline else None, libs,
-                       frozenset([*measured, *(c.fingerprint for c, _ in trials)]))
+                       frozenset([*measured, *(c.fingerprint for c, o in trials if o.status != "rejected")]),
+                       frozenset(c.fingerprint for c, o in trials if o.status == "rejected"))

@@ -264,7 +264,8 @@ class Playbook:
         exclude_run: a run id whose records are not learnt from (the run in progress).
 
     ``propose`` gives, in order: every applicable rule at once (the combination), the learnt entries, then
-    each applicable rule on its own; a rule's plan is completed from the incumbent and repaired to the
+    each applicable rule on its own, then (when those give fewer than ``n`` distinct new plans: the rules
+    agree on most knobs) the first plan's neighbours, knobs no rule sets moved first; a rule's plan is completed from the incumbent and repaired to the
     space's restrictions where changing only knobs it does not set can do it."""
 
     name = "playbook"
@@ -289,6 +290,8 @@ class Playbook:
         if len(applicable) > 1:
             plan, fixed = dict(base), set()
             for r in applicable:
+                if fixed & (set(r.set) | set(r.vary)) - {k for k, v in r.set.items() if plan.get(k) == v}:
+                    continue  # an earlier rule chose these knobs already (two register-tile rules disagree)
                 got = r.plans(ctx, plan, env)
                 if got:
                     plan = got[0]
@@ -301,8 +304,39 @@ class Playbook:
             for p in r.plans(ctx, base, env):
                 out.append(Proposal(repair(ctx.space, p, set(r.set) | set(r.vary)), r.id,
                                     r.evidence.get("measured", "")[:200]))
+        if out:
+            out.extend(self._fill(ctx, out, n, fixed_all={k for r in applicable for k in (*r.set, *r.vary)}))
         status = "ok" if out else "skipped"
         msg = "" if out else (f"no rule applies to {ctx.template}" if not skipped
                               else f"no rule applies: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}")
         return Proposals(self.name, out, status, msg, time.perf_counter() - t0,
                          {"rules": [r.id for r in applicable], "not_applicable": skipped})
+
+    @staticmethod
+    def _fill(ctx: TaskContext, out: list[Proposal], n: int, fixed_all: set[str]) -> list[Proposal]:
+        """Up to ``n`` distinct new plans in all: the rules' first plan's neighbours (``Space.neighbours``),
+        moves of knobs no rule set first, for when the rules alone give fewer (they agree on most knobs)."""
+        from .proposer import admit
+
+        base = ctx.base
+        distinct: set[str] = set()
+        first = None
+        for p in out:
+            c, _ = admit(ctx.space, p.plan, base)
+            if c is not None and c.fingerprint not in ctx.measured | ctx.screened:
+                distinct.add(c.fingerprint)
+                first = first or c
+        if first is None or len(distinct) >= n:
+            return []
+        moves = ctx.space.neighbours(first)
+        moves.sort(key=lambda c: any(c[k] != first[k] for k in fixed_all))  # stable: free knobs first
+        extra = []
+        for c in moves:
+            if len(distinct) >= n:
+                break
+            if c.fingerprint in distinct or c.fingerprint in ctx.measured or c.fingerprint in ctx.screened:
+                continue
+            distinct.add(c.fingerprint)
+            changed = ", ".join(f"{k}={c[k]}" for k in ctx.space.names if c[k] != first[k])
+            extra.append(Proposal(c.as_dict(), "neighbour", f"one move from the rules' plan: {changed}"))
+        return extra

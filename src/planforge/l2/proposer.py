@@ -111,9 +111,11 @@ class Verdict:
     reason: str = ""
 
 
-def triage(space: Space, batches: Sequence[Proposals], base: Candidate, measured: frozenset[str]) -> list[Verdict]:
+def triage(space: Space, batches: Sequence[Proposals], base: Candidate, measured: frozenset[str],
+           screened: frozenset[str] = frozenset()) -> list[Verdict]:
     """Every proposal of ``batches`` admitted or refused, in order, and deduplicated against ``measured``
-    (fingerprints of plans measured already) and against the proposals before it."""
+    (fingerprints of plans measured already), ``screened`` (refused by the search before measuring) and the
+    proposals before it."""
     seen: dict[str, str] = {}
     out: list[Verdict] = []
     for b in batches:
@@ -123,6 +125,8 @@ def triage(space: Space, batches: Sequence[Proposals], base: Candidate, measured
                 out.append(Verdict(b.proposer, p, None, "refused", why))
             elif c.fingerprint in measured:
                 out.append(Verdict(b.proposer, p, c, "duplicate", "measured already by the search"))
+            elif c.fingerprint in screened:
+                out.append(Verdict(b.proposer, p, c, "duplicate", "refused by the search's screen before measuring"))
             elif c.fingerprint in seen:
                 out.append(Verdict(b.proposer, p, c, "duplicate", f"the same plan as {seen[c.fingerprint]}'s"))
             else:

@@ -21,7 +21,7 @@ from ..outcome import Outcome
 from ..search.loop import Budget, Trial, search
 from ..search.strategies import Strategy
 from ..space import Candidate, Space
-from .context import TaskContext
+from .context import TaskContext, build_context
 from .proposer import Proposals, Proposer, Verdict, shown, triage
 
 MODES = ("off", "auto", "always")
@@ -124,7 +124,7 @@ def run_l2(ctx: TaskContext, proposers: Sequence[Proposer], backend, budget: int
         except Exception as e:  # a proposer's own bug must not end the tuning run: it is a recorded outcome
             batch = Proposals(p.name, [], "error", f"{type(e).__name__}: {str(e)[:200]}")
         res.calls.append(batch)
-    verdicts = triage(ctx.space, res.calls, base, ctx.measured)
+    verdicts = triage(ctx.space, res.calls, base, ctx.measured, ctx.screened)
     queued: list[Verdict] = []
     by_fp: dict[str, Fate] = {}
     for v in verdicts:
@@ -232,3 +232,38 @@ def trigger(mode: str, fallback: dict | None, task_level_missed: bool = False) -
     if mode == "auto" and task_level_missed:
         return "the task-level target was missed"
     return None
+
+
+@dataclass(frozen=True)
+class L2Settings:
+    """How the driver runs L2: ``mode`` (``off``, ``auto``: after L1 on a task below the 95% rule, ``always``),
+    ``budget`` (evaluations per triggered task, default ``DEFAULT_BUDGET``) and ``proposer`` (``playbook``,
+    ``llm``, ``both``; default ``playbook``; the LLM sends nothing unless configured)."""
+
+    mode: str = "off"
+    budget: int = DEFAULT_BUDGET
+    proposer: str = "playbook"
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"unknown --l2 mode {self.mode!r}; choose from {', '.join(MODES)}")
+        if self.proposer not in PROPOSERS:
+            raise ValueError(f"unknown L2 proposer {self.proposer!r}; choose from {', '.join(PROPOSERS)}")
+        if self.budget < 1:
+            raise ValueError(f"--l2-budget must be at least 1, got {self.budget}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "budget": self.budget, "proposer": self.proposer}
+
+
+def task_phase(task, trials: Sequence[Trial], incumbent: tuple[Candidate, float] | None, why: str,
+               settings: L2Settings, roofline=None, baselines=None, records=None, target: str | None = None,
+               run_id: str | None = None, on_trial: Callable[[Trial], None] | None = None) -> L2Result:
+    """L2 on a tuned ``task`` (``workloads.Task``: its space, backend, validators): the context from the
+    search's ``trials`` and the ``incumbent`` (the accepted plan, re-measured), the proposers of ``settings``
+    (the playbook learning from ``records`` on device ``target``, leaving out run ``run_id``), then ``run_l2``
+    on the task's whole space (not the funnel's cut: a proposal may lie outside the predicted top-k)."""
+    ctx = build_context(task.key, task.space, task.backend, [(t.candidate, t.outcome) for t in trials],
+                        incumbent, roofline, baselines)
+    proposers = make_proposers(settings.proposer, records, target, run_id)
+    return run_l2(ctx, proposers, task.backend, settings.budget, why, on_trial, task.validators)
