@@ -18,7 +18,7 @@ import sys
 import time
 import traceback
 from multiprocessing.connection import Connection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
@@ -213,21 +213,34 @@ class Worker:
         self.close()
 
 
+def oversubscription() -> float:
+    """How many runnable threads this machine has per CPU right now (the one-minute load average over the CPU
+    count; at least 1), or 1 where the load average cannot be read."""
+    try:
+        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    except (OSError, AttributeError):
+        return 1.0
+
+
 @dataclass
 class AdaptiveTimeout:
-    """A job's timeout: ``factor`` x the fastest job so far, within [lo, hi] seconds.
+    """A job's timeout: ``factor`` x the fastest job so far, times the machine's oversubscription (a job on a
+    machine with twice as many runnable threads as CPUs gets twice as long: other jobs' load is not the
+    kernel's hang), within [lo, hi] seconds.
 
-    Before any job has finished the timeout is ``hi``."""
+    Before any job has finished the timeout is ``hi``. ``load``: the oversubscription (default
+    ``oversubscription``: the load average per CPU, at least 1)."""
 
     factor: float = 10.0
     lo: float = 5.0
     hi: float = 120.0
     best: float | None = None
+    load: Callable[[], float] = field(default=oversubscription, repr=False, compare=False)
 
     def __call__(self) -> float:
         if self.best is None:
             return self.hi
-        return min(self.hi, max(self.lo, self.factor * self.best))
+        return min(self.hi, max(self.lo, self.factor * self.best * max(1.0, self.load())))
 
     def observe(self, wall_s: float) -> None:
         self.best = wall_s if self.best is None else min(self.best, wall_s)
