@@ -224,7 +224,7 @@ def tune(workload_or_module, example_inputs=None, target: str | Target | None = 
          strategy: str = "auto",
          seed: int = 0, out: str | os.PathLike | None = None, time_budget: float | None = None, keep: int = 4,
          options: dict[str, Any] | None = None, name: str | None = None, resume: bool = False,
-         executor: dict[str, Any] | None = None, scheduler: str = "gradient", warm_start=()):
+         executor: dict[str, Any] | None = None, scheduler: str = "gradient", warm_start=(), l2=None):
     """Tune a workload the way ``planforge tune`` does, from Python; returns a ``TuneResult``.
 
     Parameters:
@@ -249,18 +249,24 @@ def tune(workload_or_module, example_inputs=None, target: str | Target | None = 
         warm_start: records databases, Kernel Tuner caches or T4 files of the same kernel tuned on other devices
             or shapes, as ``--warm-start`` gives them (default none; ``auto`` still warm-starts from the records
             database by itself when it holds the task under another device or a nearby shape).
+        l2: L2 proposers after the search, as ``--l2`` gives them: ``"auto"``, ``"always"``, or
+            ``{"mode": ..., "budget": 8, "proposer": "playbook"|"llm"|"both"}`` (default None: off; see
+            ``planforge.l2``).
     The result has ``.spec`` (the spec as a dict), ``.spec_path``, ``.report_path`` and ``.plan``
     (the chosen plan as a callable; graph workloads); ``.specs`` maps each device fingerprint tuned to its spec
     file (``spec.json`` for this machine's)."""
+    from .l2 import L2Settings
     from .search import Budget
     from .tuning import tune as run_tune
 
+    if l2 is not None and not isinstance(l2, L2Settings):  # a bad mode or proposer fails before any work
+        l2 = L2Settings(**l2) if isinstance(l2, dict) else L2Settings(str(l2))
     wl = _workload(workload_or_module, example_inputs, name, options, None if target is None else get_target(target))
     out = Path(out) if out is not None else Path("planforge-out") / wl.name
     call = f"planforge.tune({wl.name!r}, budget={budget}, strategy={strategy!r}, seed={seed})"
     return run_tune(wl, strategy=strategy, budget=Budget(evals=budget, seconds=time_budget), seed=seed, keep=keep,
                     out=out, resume=resume, command=call, executor=executor, plan_loader=load_tuned,
-                    scheduler=scheduler, warm_start=warm_start)
+                    scheduler=scheduler, warm_start=warm_start, l2=l2)
 
 
 def load_tuned(spec_path: Path, workload) -> "LoadedPlan":

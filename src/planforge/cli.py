@@ -122,6 +122,15 @@ def tune(
     strict: bool = typer.Option(False, "--strict", help="A model file: refuse ops with no rule, listing every one "
                                                         "with where it sits, instead of running them as library "
                                                         "fallback steps."),
+    l2: str = typer.Option("off", "--l2", help="L2 proposers after the search: off (default), auto (a task below "
+                                               "the 95%% rule gets --l2-budget evaluations of proposals) or always "
+                                               "(every task); a proposal is kept only if it beats the accepted plan "
+                                               "re-measured beside it."),
+    l2_budget: int = typer.Option(8, "--l2-budget", help="Evaluations of L2 proposals per triggered task (default 8)."),
+    l2_proposer: str = typer.Option("playbook", "--l2-proposer",
+                                    help="playbook (rules from measurements, and the records; default), llm (an "
+                                         "OpenAI-compatible endpoint from PLANFORGE_LLM_BASE_URL/_MODEL/_API_KEY or "
+                                         "~/.config/planforge/llm.json; nothing is sent unless configured) or both."),
 ) -> None:
     """Search a workload's plan space, validate the finalists and write a tuning spec."""
     from .report import print_summary, summary_json
@@ -131,6 +140,7 @@ def tune(
     from .targets.cpu.build import CompilerMissing
     from .measure.executor import ExecutorError
     from .api import load_tuned
+    from .l2 import L2Settings
     from .tuning import tune as run_tune
     from .workloads import WorkloadError, load_workload
 
@@ -139,6 +149,7 @@ def tune(
         opts.update({k: v for k, v in (("shape", shape), ("epilogue", epilogue)) if v is not None})
         if strict:
             opts["strict"] = "true"
+        l2_settings = L2Settings(l2, l2_budget, l2_proposer)
         wl = load_workload(workload, opts, target)
         b = Budget(evals=budget, seconds=time_budget)
     except (WorkloadError, RestrictionError, SpaceError, ValueError, CompilerMissing) as e:
@@ -186,7 +197,7 @@ def tune(
                            on_trial=on_trial, command=command,
                            executor=_executor(executor, ray_address, workers, cores_per_slot), funnel=not no_funnel,
                            plan_loader=load_tuned, scheduler=scheduler, on_grant=on_grant if many else None,
-                           warm_start=warm_start)
+                           warm_start=warm_start, l2=l2_settings)
     except ExecutorError as e:
         _fail(str(e))
     except KeyboardInterrupt:

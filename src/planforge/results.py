@@ -32,6 +32,7 @@ class TaskResult:
     baselines: dict[str, Outcome] = field(default_factory=dict)
     funnel: list[dict[str, Any]] = field(default_factory=list)  # L0 stage counts, whole space -> measured
     bound: dict[str, Any] | None = None  # the analytic model's figures for the accepted plan
+    l2: dict[str, Any] | None = None  # the L2 phase (``l2.L2Result.to_json``): each proposal's fate; None: not run
 
     @property
     def best_library(self) -> tuple[str, float] | None:

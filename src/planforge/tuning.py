@@ -8,6 +8,7 @@ report are written. ``planforge.tune`` (the API) calls ``tune`` here.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from . import __version__
 from .costmodel import spearman
 from .costmodel.funnel import Analytic, Funnel, pruned_fraction
 from .costmodel.learned import history
+from .l2 import L2Settings, task_phase, trigger as l2_trigger
 from .report.html import write_report
 from .report.run import write_run
 from .results import FALLBACK_WITHIN, PlanLoader, TaskResult, TuneResult, toolchain
@@ -71,6 +73,10 @@ def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
     }
     if acc.peak_bytes is not None:
         d["peak_bytes"] = acc.peak_bytes
+    kept = (tr.l2 or {}).get("kept")
+    if kept and kept["fingerprint"] == acc.candidate.fingerprint:  # the plan came from an L2 proposer
+        d["l2"] = {"proposer": kept["proposer"], "trigger": tr.l2["trigger"], "latency_s": kept["latency_s"],
+                   "incumbent_s": (tr.l2.get("incumbent") or {}).get("latency_s")}
     if t.record is not None:  # a quantised task: the format, its measured error, the tiles and the budget
         d["quant"] = t.record(acc.candidate)
     if tr.funnel:
@@ -128,7 +134,7 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
          executor: dict[str, Any] | None = None, funnel: bool = True, plan_loader: PlanLoader | None = None,
          scheduler: str = "gradient", scheduler_options: dict[str, Any] | None = None,
          on_grant: Callable[[Grant, Sequence[TaskState]], None] | None = None,
-         warm_start: Sequence[str | os.PathLike] = ()) -> TuneResult:
+         warm_start: Sequence[str | os.PathLike] = (), l2: L2Settings | None = None) -> TuneResult:
     """Tune every task of ``workload``; write ``out/spec.json`` when ``out`` is given.
 
     Parameters:
@@ -177,13 +183,18 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
             it, ``auto`` warm-starts from the records database by itself when
             it holds the same task under another device fingerprint or a
             nearby shape of it (default: none).
+        l2: L2 proposers after each task's search and finalists (``planforge.l2``): ``L2Settings(mode, budget,
+            proposer)``; in ``auto`` a task below the 95% rule gets ``budget`` more evaluations of proposals,
+            ``always`` every task; a proposal is kept only when it beats the accepted plan re-measured beside
+            it (default None: off).
     """
     t0 = time.perf_counter()
     out_path = Path(out) if out is not None else None
     rec_path = Path(records) if records is not None else (out_path / "records.db" if out_path else Path("planforge-records.db"))
     config = {"strategy": strategy, "seed": seed, "budget": [budget.evals, budget.seconds], "keep": keep,
               "options": strategy_options or {}, "targets": [t.backend.fingerprint for t in workload.tasks],
-              **({} if funnel else {"funnel": False})}
+              **({} if funnel else {"funnel": False}),
+              **({"l2": l2.to_json()} if l2 is not None and l2.mode != "off" else {})}
     if len(workload.tasks) > 1:  # a resumed run must spend the budget the same way
         config["scheduler"] = [scheduler, scheduler_options or {}]
     sources = None
@@ -210,6 +221,12 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
             for close in closers:
                 close()
         main = next(iter(per_task[0]))
+        if l2 is not None and l2.mode != "off":  # L2 after L1 and the finalists, on this machine's results
+            for d in per_task:
+                w = main if main in d else next(iter(d))
+                d[w] = _with_l2(db, run_id, workload, d[w], l2, w)
+                if d[w].l2:
+                    notes.append(_l2_note(d[w]))
         results = [d.get(main) or next(iter(d.values())) for d in per_task]
         notes.extend(warm_note(tr.task.key, tr.strategy.get("warm_start")) for tr in results
                      if tr.strategy.get("warm_start"))
@@ -382,12 +399,62 @@ def _task_result(task: Task, result: SearchResult, strat: Strategy, screen, keep
     except NoValidFinalist as e:
         walk, err = None, e
     best = result.ranked.best.metric if len(result.ranked) else None
-    bound = None
-    if walk is not None and isinstance(task.cost_model, Analytic):
-        bound = task.cost_model.estimate([walk.accepted.candidate]).row(0)
-        bound["of_bound"] = walk.accepted.metric / bound["bound_s"] if bound["bound_s"] > 0 else None
-        lbs = task.cost_model.lower_bound([e.candidate for e in ranked])
-        bound["ranked"] = [{"rank": i, "bound_s": b, "of_bound": e.metric / b if b > 0 else None}
-                           for i, (e, b) in enumerate(zip(ranked, lbs), start=1)]
     return TaskResult(task, result, walk, strat.describe(), rho, err, ranked, baselines,
-                      screen.stages(result.evaluations, best), bound)
+                      screen.stages(result.evaluations, best), _bound(task, walk, ranked))
+
+
+def _bound(task: Task, walk, ranked: Ranked) -> dict[str, Any] | None:
+    """The analytic model's figures for the accepted plan and the ranked ones (None without a model)."""
+    if walk is None or not isinstance(task.cost_model, Analytic):
+        return None
+    bound = task.cost_model.estimate([walk.accepted.candidate]).row(0)
+    bound["of_bound"] = walk.accepted.metric / bound["bound_s"] if bound["bound_s"] > 0 else None
+    lbs = task.cost_model.lower_bound([e.candidate for e in ranked])
+    bound["ranked"] = [{"rank": i, "bound_s": b, "of_bound": e.metric / b if b > 0 else None}
+                       for i, (e, b) in enumerate(zip(ranked, lbs), start=1)]
+    return bound
+
+
+def _l2_note(tr: TaskResult) -> str:
+    l2 = tr.l2
+    c = l2["counts"]
+    kept = l2["kept"]
+    inc = (l2.get("incumbent") or {}).get("latency_s")
+    what = (f"kept {kept['proposer']}'s plan ({kept['latency_s']:.4g} s"
+            + (f" vs {inc:.4g} s, re-measured side by side)" if inc else ")") if kept else "nothing kept")
+    return (f"{tr.task.key}: L2 ({l2['trigger']}) measured {l2['measured']} proposals, {what}; {c['refused']} "
+            f"refused, {c['duplicate']} duplicates, {c['failed']} failed"
+            + "".join(f"; {p['proposer']} {p['status']}: {p['message'][:200]}" for p in l2["proposers"]
+                      if p["message"]))
+
+
+def _with_l2(db: Records, run_id: str, workload: Workload, tr: TaskResult, l2: L2Settings, where: str) -> TaskResult:
+    """``tr`` after L2 when its trigger fires on this machine's result: every proposal's fate in ``tr.l2``;
+    a kept proposal heads the ranked list, re-measured beside the incumbent and the libraries, and the walk
+    accepts it (it passed the validators). Its measurements go to the records like the search's."""
+    task = tr.task
+    why = l2_trigger(l2.mode, tr.fallback)
+    if why is None or tr.walk is None or where != task.backend.fingerprint:
+        return tr
+    acc = tr.walk.accepted
+    first = tr.result.evaluations
+
+    def record(t: Trial) -> None:
+        db.add(run_id, workload.manifest.key, task.key, where, t.candidate.fingerprint, t.candidate.as_dict(),
+               t.outcome, first + t.n if t.n else 0)
+
+    res = task_phase(task, tr.result.trials, (acc.candidate, acc.metric), why, l2, tr.bound, tr.baselines, db,
+                     where, run_id, record)
+    if res.kept is None:
+        return dataclasses.replace(tr, l2=res.to_json())
+    ranked = Ranked((tr.ranked or tr.result.ranked).k)
+    ranked.insert(res.kept[1].metric, *res.kept)
+    inc, o_inc = res.incumbent
+    if o_inc is not None and o_inc.ok:
+        ranked.insert(o_inc.metric, inc, o_inc)
+    for e in tr.ranked or tr.result.ranked:
+        if e.candidate.fingerprint != inc.fingerprint:
+            ranked.insert(e.metric, e.candidate, e.outcome)
+    walk = walk_finalists(ranked, task.validators, task.peak_bytes)
+    return dataclasses.replace(tr, walk=walk, ranked=ranked, baselines=res.baselines or tr.baselines,
+                               bound=_bound(task, walk, ranked), l2=res.to_json())

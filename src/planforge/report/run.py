@@ -177,6 +177,7 @@ def task_run(tr, label) -> dict[str, Any]:
         "info": {k: v for k, v in t.info.items() if k != "saturation"},
         "work": work,
         "accepted": None,
+        "l2": tr.l2,  # the L2 phase: each proposal, who proposed it, its fate and when (None: L2 did not run)
     }
     if walk:
         d["accepted"] = {"rank": walk.accepted.rank, "latency_s": walk.accepted.metric,
@@ -273,6 +274,7 @@ def with_defaults(data: dict[str, Any]) -> dict[str, Any]:
     data.setdefault("end_to_end", None)
     for t in data["tasks"].values():
         t.setdefault("importance", {})
+        t.setdefault("l2", None)
         t.setdefault("knob_labels", {})
         for x in t.get("trials", []):
             for k in ("repeats", "other_load", "recheck"):
