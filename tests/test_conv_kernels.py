@@ -80,7 +80,35 @@ def test_the_analytic_model_bounds_and_ranks_the_tiles(op, d, epi):
     cands = [space.sample(random.Random(i)) for i in range(200)]
     e = m.estimate(cands)
     assert np.all(e.predicted_s >= e.bound_s) and np.all(e.bound_s >= flops(p) / (200e9 * 2) * (1 - 1e-9))
-    base = {"vec": 16, "unroll": 1, "threads": 1, **({"cbv": 1} if op == "dwconv" else {"ob": 1, "cb": 64})}
+    base = {"vec": 16, "unroll": 1, "threads": 1, **({"cbv": 1} if op == "dwconv" else {"ob": 1, "cb": 64, "order": 0})}
     small, big = space.make({**base, "owb": 1}), space.make({**base, "owb": 4, ("cbv" if op == "dwconv" else "ob"): 2})
     slow, fast = m.predict([small, big])
     assert slow > 1.5 * fast
+
+
+@pytest.mark.parametrize("ob, cb, threads", [(1, 8, 1), (3, 8, 2), (2, 1024, 2)])
+def test_channel_blocks_outermost_match_the_reference(ob, cb, threads, profile):
+    """``order`` 1 (output-channel blocks outermost, each over every row) on channels no block divides, with
+    partial sums between input-channel blocks (cb below the channels) and more threads than some layers have
+    blocks; the default picks it for a deep layer whose weights outgrow half the L2, rows outermost otherwise."""
+    from test_cpu_kernels import ONCE
+
+    from planforge.targets.cpu.kernel import CpuBackend
+
+    lim = limits(profile)
+    p = Problem("conv", dims(1, 37, 5, 6, 45, 3, 1, 1), "nchw/packed/add_relu")
+    space = TEMPLATES["conv"].space(p, lim)
+    values = {k.name: k.values for k in space.knobs}
+    want = {"vec": max(values["vec"]), "owb": 2, "ob": ob, "cb": cb, "unroll": 2,
+            "threads": min(threads, max(values["threads"])), "order": 1}  # (a one-core machine: one thread)
+    c = space.nearest_valid(want)
+    assert c is not None and c.as_dict()["order"] == 1
+    be = CpuBackend(p, TEMPLATES["conv"], profile, timing=ONCE)
+    try:
+        (out,) = be.measure([c])
+    finally:
+        be.close()
+    assert out.ok, out.message
+    deep = Problem("conv", dims(1, 512, 3, 3, 512, 3, 1, 1), "nhwc/wb/relu")
+    shallow = Problem("conv", dims(1, 16, 24, 24, 16, 3, 1, 1), "nhwc/wb/relu")
+    assert default_knobs(deep, lim)["order"] == 1 and default_knobs(shallow, lim)["order"] == 0

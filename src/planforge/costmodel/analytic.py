@@ -501,6 +501,13 @@ def _conv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     tile_w = F32 * KH * KW * lanes * (1 if dw else np.minimum(np.asarray(k.get("cb", Cg)), Cg))
     w_lvl = c.home(tile_w, T, per_thread=True)
     _add(traffic, w_lvl, rows_t * col_tiles * ch_tiles * F32 * KH * KW * lanes * per_tap)
+    # every row reads the weights again after the first: all of them from where they all fit (rows outermost,
+    # ``order`` 0), or, channel blocks outermost (``order`` 1, direct only), its blocks from where one block fits
+    order = np.asarray(k["order"], dtype=np.int64) if "order" in k else np.zeros(n, dtype=np.int64)
+    again_w = np.maximum(0, rows_t - 1) * w_b
+    _add(traffic, np.broadcast_to(c.home(w_b, T), (n,)), np.where(order == 0, again_w, 0.0))
+    _add(traffic, c.home(F32 * KH * KW * Cg * lanes, T, per_thread=True),
+         np.where(order == 1, (rows - 1) * w_b / np.maximum(1, active), 0.0))
     # the input rows a row of output reads, once per channel tile (they stay in L1/L2 between tiles)
     in_row = F32 * KH * (OW * SW + KW * DW) * (C if dw else Cg)
     _add(traffic, c.home(in_row, T, per_thread=True), rows_t * (1 if dw else ch_tiles) * in_row)

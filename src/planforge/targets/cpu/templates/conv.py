@@ -4,15 +4,19 @@ Both copy the input once per call into a zero-bordered NHWC scratch (padding and
 the layout change fused into that one pass), so the register tiles run without a bounds check; a
 problem in NCHW also reads its residual through an NHWC copy and writes its output back transposed
 (the e-graph's NHWC forms avoid both). Weights are packed when the kernel is bound (load time):
-``conv`` as [G][KH][KW][Cg][Og rounded up to the vector width], ``dwconv`` as [KH][KW][C rounded up].
+``conv`` as [G][blocks of ob vectors of output channels][KH][KW][Cg][ob x vec] (a tile streams one contiguous
+run, which the prefetcher follows; a stride of a whole row of output channels per input channel made deep
+layers wait on memory latency), ``dwconv`` as [KH][KW][C rounded up].
 
 ``conv``: per output row, tiles of ``owb`` output columns x ``ob`` vectors of output channels kept in
 registers; the input channels run in blocks of ``cb`` (a block's weights stay in cache while the row's
 tiles reuse them; partial sums wait in a per-thread row buffer between blocks); the channel loop is
-unrolled by ``unroll``; rows are split over ``threads``. ``dwconv``: tiles of ``owb`` columns x ``cbv``
+unrolled by ``unroll``; rows are split over ``threads`` (``order`` 0), or, with ``order`` 1, blocks of ``ob``
+vectors of output channels go outermost (split over ``threads``), each running every row, so that a block's
+weights come from memory once rather than once per row (deep layers, whose weights outgrow the L2). ``dwconv``: tiles of ``owb`` columns x ``cbv``
 vectors of channels. Both apply the per-channel scale and shift (bias, or a batch norm), then the
 epilogue chain (activations from the op registry's snippets, a residual add) in registers.
-Compile-time knobs: vec, ob/cbv, owb, unroll, the problem's geometry; runtime: cb, threads.
+Compile-time knobs: vec, ob/cbv, owb, unroll, the problem's geometry; runtime: cb, threads, order.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ SLACK = 256
 
 class ConvArgs(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in ("x", "w", "scale", "shift", "res", "y", "xp", "rt", "yt")] + \
-               [(n, ctypes.c_int) for n in ("cb", "threads")]
+               [(n, ctypes.c_int) for n in ("cb", "threads", "order")]
 
 
 def geometry(p) -> dict[str, int]:
@@ -56,7 +60,7 @@ def _vecs(lim) -> tuple[int, ...]:
 def space(p, lim) -> Space:
     """The knob space of a convolution problem on a machine (vector widths from its ISA, blocks from its caches)."""
     g = geometry(p)
-    consts = {"ow": g["OW"], "og": g["Og"], "cg": g["Cg"], "c": g["C"], "k": g["KH"] * g["KW"],
+    consts = {"ow": g["OW"], "og": g["Og"], "cg": g["Cg"], "c": g["C"], "k": g["KH"] * g["KW"], "o": g["O"],
               "vregs": lim.vector_registers, "l1_bytes": lim.caches["L1d"], "l2_bytes": lim.caches["L2"],
               "rows": g["N"] * g["OH"]}
     common = [categorical("vec", _vecs(lim)), categorical("owb", (1, 2, 3, 4, 6, 8)), categorical("unroll", (1, 2, 4)),
@@ -66,8 +70,10 @@ def space(p, lim) -> Space:
         return Space([*common, categorical("cbv", (1, 2, 3, 4))],
                      [*shared, "owb * cbv + 2 * cbv + 1 <= vregs", "cbv * vec <= max(vec, c + vec - 1)"],
                      constants=consts)
-    return Space([*common, categorical("ob", (1, 2, 3, 4)), pow2("cb", 8, 1024)],
+    return Space([*common, categorical("ob", (1, 2, 3, 4)), pow2("cb", 8, 1024), categorical("order", (0, 1))],
                  [*shared,
+                  # channel blocks outermost: no more threads than blocks of ob * vec output channels
+                  "order == 0 or threads * ob * vec <= o + ob * vec - 1",
                   # accumulators + weight vectors + one broadcast input in the register file
                   "owb * ob + ob + 1 <= vregs",
                   # no vector block wider than a group's output channels call for
@@ -92,7 +98,13 @@ def defaults(p, lim) -> dict[str, Any]:
     cb = 8
     while cb * 2 <= 1024 and cb < g["Cg"] and cb * 2 * g["KH"] * g["KW"] * ob * vec * 4 <= lim.caches["L1d"]:
         cb *= 2
-    return {"vec": vec, "owb": owb, "ob": ob, "cb": cb, "unroll": 2, "threads": threads}
+    # rows outermost read every weight once per output row: from cache while the packed weights fit half the L2,
+    # else from memory each row, and then output-channel blocks go outermost (each block's weights read once)
+    ogp = -(-g["Og"] // vec) * vec
+    order = int(4 * g["G"] * g["KH"] * g["KW"] * g["Cg"] * ogp > lim.caches["L2"] // 2 and rows > 1)
+    if order and threads * ob * vec > g["O"] + ob * vec - 1:
+        threads = 1
+    return {"vec": vec, "owb": owb, "ob": ob, "cb": cb, "unroll": 2, "threads": threads, "order": order}
 
 
 # -- C ------------------------------------------------------------------------------------------------------------
@@ -108,6 +120,11 @@ def _steps_c(steps: list[str]) -> tuple[str, str]:
     return " ".join(vec), " ".join(sc)
 
 
+def _obv(knobs) -> int:
+    """Vectors of output channels per register tile (``ob``; ``cbv`` for the depthwise template)."""
+    return knobs.get("ob", knobs.get("cbv", 1))
+
+
 def _defs(p, knobs) -> str:
     g = geometry(p)
     layout, form, steps = conv_epilogue(p)
@@ -118,7 +135,8 @@ def _defs(p, knobs) -> str:
     wp = max(g["W"] + g["PL"] + g["PR"], (owp - 1) * g["SW"] + (g["KW"] - 1) * g["DW"] + 1)
     hp = g["H"] + g["PT"] + g["PB"]
     d = {**g, "V": V, "CP": cp, "OGP": ogp, "OWP": owp, "WP": wp, "HP": hp, "NCHW": int(layout == "nchw"),
-         "RES": int("add" in steps), "OWB": knobs["owb"]}
+         "RES": int("add" in steps), "OWB": knobs["owb"], "OBV": _obv(knobs), "OBW": _obv(knobs) * V,
+         "NB": -(-g["Og"] // (_obv(knobs) * V))}
     return "".join(f"#define {k} {v}\n" for k, v in d.items())
 
 
@@ -185,7 +203,7 @@ def _tile_conv(ob: int, owb: int, unroll: int, vec_ops: str, sc_ops: str) -> str
                      for i in range(owb) for j in range(ob))
     body = []
     for j in range(ob):
-        body.append(f"vf w{j} = vload(wk + (long)c * OGP + {j} * V);")
+        body.append(f"vf w{j} = vload(wk + (long)c * OBW + {j} * V);")
     for i in range(owb):
         body.append(f"{{ vf xv = vset(xk[(long){i} * SW * CP + c]); " +
                     " ".join(f"a{i}_{j} = xv * w{j} + a{i}_{j};" for j in range(ob)) + " }")
@@ -199,13 +217,13 @@ def _tile_conv(ob: int, owb: int, unroll: int, vec_ops: str, sc_ops: str) -> str
     return f"""
 /* one output row: tiles of OWB columns x OB channel vectors, input channels in blocks of cb */
 static void row(const float *xp, const float *w, const float *scale, const float *shift, const float *R, float *Y,
-                float *part, int n, int oh, int cb) {{
+                float *part, int n, int oh, int cb, int g_lo, int g_hi, int o_lo, int o_hi) {{
     const int GOP = G * OGP + {ob} * V;  /* a column's partial sums, with room for the last block's overhang */
 {acc}
     for (int c0 = 0; c0 < Cg; c0 += cb) {{
         int c1 = c0 + cb < Cg ? c0 + cb : Cg, first = c0 == 0, last = c1 >= Cg;
-        for (int g = 0; g < G; g++)
-        for (int o0 = 0; o0 < Og; o0 += {ob} * V) {{
+        for (int g = g_lo; g < g_hi; g++)
+        for (int o0 = o_lo; o0 < (o_hi < Og ? o_hi : Og); o0 += {ob} * V) {{
             int gch = g * OGP + o0;
             for (int ow0 = 0; ow0 < OW; ow0 += OWB) {{
 {init}
@@ -213,7 +231,7 @@ static void row(const float *xp, const float *w, const float *scale, const float
                     const float *xr = xp + (((long)n * HP + (long)oh * SH + kh * DH) * WP + (long)ow0 * SW) * CP + g * Cg;
                     for (int kw = 0; kw < KW; kw++) {{
                         const float *xk = xr + (long)kw * DW * CP;
-                        const float *wk = w + (((long)(g * KH + kh) * KW + kw) * Cg) * OGP + o0;
+                        const float *wk = w + ((((long)g * NB + o0 / OBW) * KH + kh) * KW + kw) * Cg * OBW;
                         #pragma GCC unroll {unroll}
                         for (int c = c0; c < c1; c++) {{
                             {" ".join(body)}
@@ -248,8 +266,8 @@ def _tile_dw(cbv: int, owb: int, unroll: int, vec_ops: str, sc_ops: str) -> str:
     return f"""
 /* one output row of a depthwise convolution: tiles of OWB columns x CBV channel vectors */
 static void row(const float *xp, const float *w, const float *scale, const float *shift, const float *R, float *Y,
-                float *part, int n, int oh, int cb) {{
-    (void)part; (void)cb;
+                float *part, int n, int oh, int cb, int g_lo, int g_hi, int o_lo, int o_hi) {{
+    (void)part; (void)cb; (void)g_lo; (void)g_hi; (void)o_lo; (void)o_hi;
     for (int c0 = 0; c0 < C; c0 += {cbv} * V) {{
         for (int ow0 = 0; ow0 < OW; ow0 += OWB) {{
 {decl}
@@ -270,10 +288,12 @@ static void row(const float *xp, const float *w, const float *scale, const float
 
 
 _MAIN = r"""
-typedef struct { const float *x, *w, *scale, *shift, *res; float *y, *xp, *rt, *yt; int cb, threads; } conv_args;
+typedef struct { const float *x, *w, *scale, *shift, *res; float *y, *xp, *rt, *yt; int cb, threads, order; } conv_args;
 
 static __thread float *buf_part;
 static __thread size_t cap_part;
+
+#define PART_FLOATS ((size_t)(OWP + OWB + 1) * (G * OGP + 4 * V) + SLACK)
 
 void pf_conv(const conv_args *a) {
     copy_in(a->x, a->xp, a->threads);
@@ -281,14 +301,27 @@ void pf_conv(const conv_args *a) {
     float *Y = a->y;
     if (NCHW && RES) { to_nhwc(a->res, a->rt, O, OH * OW, a->threads); R = a->rt; }
     if (NCHW) Y = a->yt;
+    if (a->order == 0) {  /* rows outermost: each row reads every weight block */
 #ifdef _OPENMP
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(a->threads) if (a->threads > 1)
+        #pragma omp parallel for collapse(2) schedule(static) num_threads(a->threads) if (a->threads > 1)
 #endif
-    for (int n = 0; n < N; n++)
-        for (int oh = 0; oh < OH; oh++) {
-            float *part = PART ? scratch(&buf_part, &cap_part, (size_t)(OWP + OWB + 1) * (G * OGP + 4 * V) + SLACK) : NULL;
-            row(a->xp, a->w, a->scale, a->shift, R, Y, part, n, oh, a->cb);
-        }
+        for (int n = 0; n < N; n++)
+            for (int oh = 0; oh < OH; oh++) {
+                float *part = PART ? scratch(&buf_part, &cap_part, PART_FLOATS) : NULL;
+                row(a->xp, a->w, a->scale, a->shift, R, Y, part, n, oh, a->cb, 0, G, 0, Og);
+            }
+    } else {  /* output-channel blocks outermost: a block's weights are read from memory once, then from cache */
+#ifdef _OPENMP
+        #pragma omp parallel for collapse(2) schedule(static) num_threads(a->threads) if (a->threads > 1)
+#endif
+        for (int g = 0; g < G; g++)
+            for (int b = 0; b < NB; b++) {
+                float *part = PART ? scratch(&buf_part, &cap_part, PART_FLOATS) : NULL;
+                for (int n = 0; n < N; n++)
+                    for (int oh = 0; oh < OH; oh++)
+                        row(a->xp, a->w, a->scale, a->shift, R, Y, part, n, oh, a->cb, g, g + 1, b * OBW, (b + 1) * OBW);
+            }
+    }
     if (NCHW) to_nchw(a->yt, a->y, O, OH * OW, a->threads);
 }
 """
@@ -350,11 +383,14 @@ def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
         wp[:KH * KW * cp].reshape(KH, KW, cp)[:, :, :C] = np.transpose(w[:, 0], (1, 2, 0))
         sc, sh = (np.zeros(cp + SLACK, np.float32) for _ in range(2))
         sc[:C], sh[:C] = scale, shift
-    else:
-        cp, ogp = C, -(-Og // V) * V
-        n = G * KH * KW * Cg * ogp
+    else:  # [G][Og in blocks of ob vectors][KH][KW][Cg][ob * V]: a register tile's weights are one contiguous run
+        cp, ogp, obw = C, -(-Og // V) * V, _obv(knobs) * V
+        nb = -(-Og // obw)
+        n = G * nb * KH * KW * Cg * obw
         wp = np.zeros(n + SLACK, np.float32)
-        wp[:n].reshape(G, KH, KW, Cg, ogp)[..., :Og] = np.transpose(w.reshape(G, Og, Cg, KH, KW), (0, 3, 4, 2, 1))
+        wg = np.zeros((G, nb * obw, Cg, KH, KW), np.float32)
+        wg[:, :Og] = w.reshape(G, Og, Cg, KH, KW)
+        wp[:n].reshape(G, nb, KH, KW, Cg, obw)[...] = np.transpose(wg.reshape(G, nb, obw, Cg, KH, KW), (0, 1, 4, 5, 3, 2))
         sc, sh = (np.zeros(G * ogp + SLACK, np.float32) for _ in range(2))
         for k in range(G):
             sc[k * ogp: k * ogp + Og] = scale[k * Og:(k + 1) * Og]
@@ -369,7 +405,7 @@ def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
     yt = np.empty(out.size, np.float32) if nchw else None
     ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
     args = ConvArgs(ptr(inputs["x"]), ptr(wp), ptr(sc), ptr(sh), ptr(res), ptr(out), ptr(xp), ptr(rt), ptr(yt),
-                    int(knobs.get("cb", 1 << 20)), int(knobs["threads"]))
+                    int(knobs.get("cb", 1 << 20)), int(knobs["threads"]), int(knobs.get("order", 0)))
     return struct_call(lib.pf_conv, args, (inputs, wp, sc, sh, xp, rt, yt, out))
 
 
