@@ -66,9 +66,12 @@ def tuned(graph, budget: int, out: Path, order=None):
                 mock.patch.object(wl_models, "_order_choices", lambda *a: {}):
             wl = wl_models.graph_workload(graph, graph.name)
     res = tune(wl, budget=budget, out=out)
-    steps = sorted({f"{s['op'][:-1]}:{s['args'][0]}" for t in res.spec["tasks"].values()
-                    for s in t.get("program", []) if s["op"].startswith(("lib", "tmpl"))})
-    return res.plan, steps, time.perf_counter() - t0
+    program = [s for t in res.spec["tasks"].values() for s in t.get("program", [])
+               if s["op"].startswith(("lib", "tmpl"))]
+    steps = sorted({f"{s['op'][:-1]}:{s['args'][0]}" for s in program})
+    # the plan up to its e-class names (which differ between e-graphs): its steps with their knobs
+    same = sorted(json.dumps([s["op"], s["args"], s.get("knobs")], sort_keys=True) for s in program)
+    return res.plan, steps, same, time.perf_counter() - t0
 
 
 def interleaved(fns: dict, rounds: int, min_s: float = 0.02) -> dict[str, float]:
@@ -104,10 +107,10 @@ def main(argv=None):
             (ref,) = g.evaluate(x)
             plans, rows = {}, {}
             for label, order in [("e-graph", None), *ORDERS.items()]:
-                plan, steps, secs = tuned(g, args.budget, Path(tmp) / f"{name}-{label.replace(' ', '-')}", order)
+                plan, steps, same, secs = tuned(g, args.budget, Path(tmp) / f"{name}-{label.replace(' ', '-')}", order)
                 err = float(np.abs(plan(x)[0] - ref).max())
                 plans[label] = plan
-                rows[label] = {"steps": steps, "tune_s": secs, "max_err": err}
+                rows[label] = {"steps": steps, "tune_s": secs, "max_err": err, "plan": same}
                 print(f"{name} / {label}: tuned in {secs:.0f} s, max |err| {err:.2g}, kernels {', '.join(steps)}",
                       flush=True)
             med = interleaved({k: (lambda p: (lambda: p(x)))(p) for k, p in plans.items()}, args.rounds)
@@ -117,7 +120,8 @@ def main(argv=None):
                 rows[k]["vs_egraph"] = med[k] / med["e-graph"]
             print(f"\n{name}: median us   (ratio to the e-graph's plan)")
             for k, r in rows.items():
-                print(f"  {k:15s} {r['median_s'] * 1e6:9.1f}   {r['vs_egraph']:.2f}x")
+                twin = " (the e-graph's plan)" if k != "e-graph" and r["plan"] == rows["e-graph"]["plan"] else ""
+                print(f"  {k:15s} {r['median_s'] * 1e6:9.1f}   {r['vs_egraph']:.2f}x{twin}")
             print(f"  e-graph / best fixed order: {med['e-graph'] / best_fixed:.2f}\n", flush=True)
             report[name] = rows
     if args.json:
