@@ -406,6 +406,35 @@ def test_transformers_models_import_without_fallbacks(make):
         np.testing.assert_allclose(got, w.double().numpy(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("make,opset", [(gpt2, 19), (llama, 20), (bert, 21), (vit, 21)])
+def test_transformers_models_through_onnx_at_newer_opsets(make, opset, tmp_path):
+    """torch's dynamo exporter at opsets 19-21 (BERT's GELU becomes opset 20's ``Gelu`` node): imported with no
+    fallback step, the fp64 interpretation matches torch."""
+    pytest.importorskip("onnxscript")
+    import contextlib
+    import io
+    import warnings
+
+    torch.manual_seed(0)
+    m = make().eval()
+    x = rnd(1, 3, 64, 64) if make is vit else torch.randint(0, 96, (1, 12))
+    path = tmp_path / "model.onnx"
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (x,), str(path), dynamo=True, opset_version=opset, verbose=False)
+    import onnx
+
+    model = onnx.load(str(path))
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) == opset
+    if make is bert:
+        assert any(n.op_type == "Gelu" for n in model.graph.node)
+    g = from_onnx(str(path))
+    assert steps(g) == []
+    with torch.no_grad():
+        want = _outputs(m(x))[0]
+    np.testing.assert_allclose(g.evaluate(x.numpy())[0], want.double().numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_bert_with_attention_mask_and_token_types():
     torch.manual_seed(0)
     m = bert().eval()
