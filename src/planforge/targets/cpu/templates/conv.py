@@ -13,9 +13,10 @@ registers; the input channels run in blocks of ``cb`` (a block's weights stay in
 tiles reuse them; partial sums wait in a per-thread row buffer between blocks); the channel loop is
 unrolled by ``unroll``; rows are split over ``threads`` (``order`` 0), or, with ``order`` 1, blocks of ``ob``
 vectors of output channels go outermost (split over ``threads``), each running every row, so that a block's
-weights come from memory once rather than once per row (deep layers, whose weights outgrow the L2). ``dwconv``: tiles of ``owb`` columns x ``cbv``
-vectors of channels. Both apply the per-channel scale and shift (bias, or a batch norm), then the
-epilogue chain (activations from the op registry's snippets, a residual add) in registers.
+weights come from memory once rather than once per row (deep layers, whose weights outgrow the L2).
+``dwconv``: tiles of ``owb`` columns x ``cbv`` vectors of channels. Both apply the per-channel scale and shift
+(bias, or a batch norm), then the epilogue chain (activations from the op registry's snippets, a residual
+add) in registers.
 Compile-time knobs: vec, ob/cbv, owb, unroll, the problem's geometry; runtime: cb, threads, order.
 """
 from __future__ import annotations
@@ -319,7 +320,8 @@ void pf_conv(const conv_args *a) {
                 float *part = PART ? scratch(&buf_part, &cap_part, PART_FLOATS) : NULL;
                 for (int n = 0; n < N; n++)
                     for (int oh = 0; oh < OH; oh++)
-                        row(a->xp, a->w, a->scale, a->shift, R, Y, part, n, oh, a->cb, g, g + 1, b * OBW, (b + 1) * OBW);
+                        row(a->xp, a->w, a->scale, a->shift, R, Y, part, n, oh, a->cb, g, g + 1, b * OBW,
+                            (b + 1) * OBW);
             }
     }
     if (NCHW) to_nchw(a->yt, a->y, O, OH * OW, a->threads);
@@ -390,7 +392,8 @@ def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
         wp = np.zeros(n + SLACK, np.float32)
         wg = np.zeros((G, nb * obw, Cg, KH, KW), np.float32)
         wg[:, :Og] = w.reshape(G, Og, Cg, KH, KW)
-        wp[:n].reshape(G, nb, KH, KW, Cg, obw)[...] = np.transpose(wg.reshape(G, nb, obw, Cg, KH, KW), (0, 1, 4, 5, 3, 2))
+        wp[:n].reshape(G, nb, KH, KW, Cg, obw)[...] = np.transpose(wg.reshape(G, nb, obw, Cg, KH, KW),
+                                                                    (0, 1, 4, 5, 3, 2))
         sc, sh = (np.zeros(G * ogp + SLACK, np.float32) for _ in range(2))
         for k in range(G):
             sc[k * ogp: k * ogp + Og] = scale[k * Og:(k + 1) * Og]
