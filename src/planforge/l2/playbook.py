@@ -288,7 +288,7 @@ class Playbook:
                 skipped[r.id] = why
         out: list[Proposal] = []
         if len(applicable) > 1:
-            plan, fixed = dict(base), set()
+            plan, fixed, used = dict(base), set(), []
             for r in applicable:
                 if fixed & (set(r.set) | set(r.vary)) - {k for k, v in r.set.items() if plan.get(k) == v}:
                     continue  # an earlier rule chose these knobs already (two register-tile rules disagree)
@@ -296,8 +296,9 @@ class Playbook:
                 if got:
                     plan = got[0]
                     fixed |= set(r.set) | set(r.vary)
-            out.append(Proposal(repair(ctx.space, plan, fixed), "combined:" + "+".join(r.id for r in applicable),
-                                "every applicable rule at once"))
+                    used.append(r.id)
+            out.append(Proposal(repair(ctx.space, plan, fixed), "combined:" + "+".join(used),
+                                "the applicable rules at once (a rule whose knobs an earlier one set is left out)"))
         if self.records is not None and self.target:
             out.extend(learnt(self.records, ctx, self.target, self.exclude_run))
         for r in applicable:
