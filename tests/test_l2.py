@@ -213,9 +213,9 @@ def test_gemv_rules_follow_the_weights_against_the_caches():
     small = Playbook().propose(kernel_ctx("gemv", (256, 256), AVX512), 8)
     big = Playbook().propose(kernel_ctx("gemv", (1024, 1024), AVX512), 8)
     assert "gemv-one-core-when-call-bound" in small.detail["rules"]
-    assert "gemv-split-when-weights-exceed-one-l2" not in small.detail["rules"]
-    assert "gemv-split-when-weights-exceed-one-l2" in big.detail["rules"]
-    split = next(p for p in big.proposals if p.source == "gemv-split-when-weights-exceed-one-l2")
+    assert "gemv-split-when-weights-fill-one-l2" not in small.detail["rules"]
+    assert "gemv-split-when-weights-fill-one-l2" in big.detail["rules"]
+    split = next(p for p in big.proposals if p.source == "gemv-split-when-weights-fill-one-l2")
     assert split.plan["threads"] == AVX512.physical_cores and split.plan["w_layout"] == "packed"
     assert big.proposals[0].source.startswith("combined:")
 
