@@ -6,6 +6,13 @@ many single calls, interleaved with the library baseline of the whole model
 (the graph op by op in numpy): median and p99 of both, and each task's share
 of the end-to-end time (weight x its latency), in Amdahl order.
 
+A model imported from ONNX or torch is also timed against the runtimes a user
+would run it with (``planforge.peers``: ONNX Runtime, OpenVINO, torch eager,
+and torch.compile with the manifest option ``peers=compile``; ``peers=none``
+times none), in the same interleaved rounds: their figures, or why one was
+not timed, are recorded beside the library's, and the fastest of all is what
+the whole plan is compared with (``fastest``, ``ratio_vs_fastest``).
+
 For a chunked control policy (``workloads.objective.Objective``, kind
 ``control``) the figures also give the chunk's compute, the effective control
 frequency with double buffering, and whether the target holds.
@@ -47,6 +54,21 @@ class EndToEnd:
     control: dict[str, Any] | None = None
     decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
     objective: dict[str, Any] = field(default_factory=dict)
+    # the original model's runtimes: name -> {"median_s", "p99_s", "settings"}, or {"skipped": why, "settings"}
+    peers: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def fastest(self) -> tuple[str, float]:
+        """The fastest runner beside the plan: the library or a timed peer (name, median seconds)."""
+        timed = [(self.library, self.library_median_s)] + [(k, v["median_s"]) for k, v in self.peers.items()
+                                                            if "median_s" in v]
+        return min(timed, key=lambda kv: kv[1])
+
+    @property
+    def ratio_vs_fastest(self) -> float:
+        """The plan's median over the fastest runner's (below 1: the plan is faster)."""
+        f = self.fastest[1]
+        return self.median_s / f if f > 0 else math.inf
 
     @property
     def speedup(self) -> float:
@@ -62,7 +84,10 @@ class EndToEnd:
                 "library_median_s": self.library_median_s, "library_p99_s": self.library_p99_s,
                 "speedup_vs_library": self.speedup, "holds": self.holds, "shares": self.shares,
                 "control": self.control, "objective": self.objective,
-                "decisions": {k: self.decisions[k] for k in sorted(self.decisions)}}
+                "decisions": {k: self.decisions[k] for k in sorted(self.decisions)},
+                "peers": {k: self.peers[k] for k in sorted(self.peers)},
+                "fastest": {"name": self.fastest[0], "median_s": self.fastest[1],
+                            "ratio": self.ratio_vs_fastest}}
 
 
 def decide(results: Sequence[TaskResult], objective: Objective, target_holds: bool) -> dict[str, dict[str, Any]]:
@@ -145,13 +170,30 @@ def _percentile(ts: Sequence[float], q: float) -> float:
 
 
 def measure(plan_fn: Callable[[], Any], library_fn: Callable[[], Any], rounds: int = 3,
-            cfg: TimingConfig = E2E_TIMING) -> tuple[list[float], list[float]]:
-    """Single-call times of the plan and the library, interleaved round by round (raw times pooled)."""
+            cfg: TimingConfig = E2E_TIMING, others: dict[str, Callable[[], Any]] | None = None
+            ) -> tuple[list[float], list[float]] | tuple[list[float], list[float], dict[str, list[float]]]:
+    """Single-call times of the plan and the library (and of each of ``others``), interleaved round by round
+    (raw times pooled); the third item, the others' times, only when ``others`` is given."""
     mine, lib = [], []
+    more: dict[str, list[float]] = {k: [] for k in others or {}}
     for _ in range(rounds):
         mine.extend(time_fn(plan_fn, cfg))
         lib.extend(time_fn(library_fn, cfg))
-    return mine, lib
+        for k, f in (others or {}).items():
+            more[k].extend(time_fn(f, cfg))
+    return (mine, lib, more) if others is not None else (mine, lib)
+
+
+def _peers(workload, xs, ref, tol) -> list:
+    """The original model's runtimes (``planforge.peers``) per the manifest's ``peers`` option: ``auto``
+    (default: every installed one but torch.compile), ``compile`` (torch.compile too), ``none``."""
+    from .peers import model_peers, peers_option
+
+    mode = peers_option(workload.manifest.options)
+    if mode == "none":
+        return []
+
+    return model_peers(workload.graph, xs, ref, tol, compile_torch=mode == "compile")
 
 
 def end_to_end(workload, results: Sequence[TaskResult], objective: Objective, target, seed: int = 0,
@@ -178,14 +220,19 @@ def end_to_end(workload, results: Sequence[TaskResult], objective: Objective, ta
                          f"{tol:.3g}; every part passed on its own, so the chaining is at fault")
     fwd = numpy_forward(g)
     run = plan.feed
-    mine, lib = measure(lambda: run(*xs), lambda: fwd(*xs), rounds)
+    peers = _peers(workload, xs, ref[0], tol)
+    mine, lib, more = measure(lambda: run(*xs), lambda: fwd(*xs), rounds,
+                              others={p.name: p.run for p in peers if p.run is not None})
+    peer_json = {p.name: ({"median_s": float(np.median(more[p.name])), "p99_s": _percentile(more[p.name], 99),
+                           "settings": p.settings} if p.run is not None else {"skipped": p.why, "settings": p.settings})
+                 for p in peers}
     med, p99 = float(np.median(mine)), _percentile(mine, 99)
     total = sum(tr.walk.accepted.metric * tr.task.weight for tr in results) or 1.0
     shares = sorted(({"task": tr.task.key, "weight": tr.task.weight, "latency_s": tr.walk.accepted.metric,
                       "share": tr.walk.accepted.metric * tr.task.weight / total,
                       "ratio_vs_library": tr.ratio_vs_library} for tr in results), key=lambda d: -d["share"])
     e2e = EndToEnd(med, p99, len(mine), "numpy", float(np.median(lib)), _percentile(lib, 99), shares,
-                   objective.control(med, p99), decisions, objective.to_json())
+                   objective.control(med, p99), decisions, objective.to_json(), peer_json)
     return e2e, plan
 
 

@@ -45,6 +45,25 @@ class Node:
 
 
 @dataclass
+class ModelSource:
+    """Where an imported graph came from: the runtimes a whole model is measured against (``planforge.peers``)
+    run this, not planforge's reading of it. ``kind``: ``"onnx"`` (``onnx_path``, or ``onnx_bytes`` of an
+    in-memory model) or ``"torch"`` (``module``: the ``torch.nn.Module``, or a ``torch.export.ExportedProgram``).
+    Only the file path survives pickling (a graph sent to a measuring process carries no module or bytes)."""
+
+    kind: str
+    onnx_path: str | None = None
+    onnx_bytes: bytes | None = None
+    module: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"kind": self.kind, "onnx_path": self.onnx_path, "onnx_bytes": None, "module": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+@dataclass
 class Graph:
     name: str
     inputs: dict[str, tuple[int, ...]]          # runtime inputs and their shapes, in call order
@@ -53,6 +72,7 @@ class Graph:
     outputs: list[str]
     dtype: str = "fp32"
     input_dtypes: dict[str, str] = field(default_factory=dict)   # inputs that are not `dtype`: int64, int32, bool
+    source: ModelSource | None = field(default=None, compare=False, repr=False)  # an imported model's original
 
     def input_dtype(self, name: str) -> str:
         return self.input_dtypes.get(name, self.dtype)

@@ -21,7 +21,7 @@ from .fallback import onnx_node
 from .frontend import (Const, Emitter, ModelError, Unavailable, UnsupportedOp, UnsupportedOps, as_shape, need_module,
                        op_table)
 from ..ops import ONNX
-from .graph import Graph
+from .graph import Graph, ModelSource
 
 _INPUT_DTYPES = {1: "fp32", 7: "int64", 6: "int32", 9: "bool"}   # TensorProto FLOAT, INT64, INT32, BOOL
 _RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -51,6 +51,8 @@ def from_onnx(path_or_model, input_shapes: dict[str, Sequence[int]] | None = Non
     graph, fallbacks = _Importer(onnx, model, src, name, input_shapes or {}).run()
     if strict and fallbacks:
         raise UnsupportedOps(fallbacks)
+    graph.source = ModelSource("onnx", onnx_path=str(Path(path_or_model).resolve()) if is_file else None,
+                               onnx_bytes=None if is_file else model.SerializeToString())
     return graph
 
 

@@ -25,7 +25,7 @@ from .frontend import (Const, Emitter, ModelError, Unavailable, UnsupportedOp, U
                        need_module, op_table)
 from ..ops import TORCH
 from .fallback import torch_node
-from .graph import Graph, GraphError
+from .graph import Graph, GraphError, ModelSource
 
 
 def from_torch(module, example_inputs, name: str | None = None, strict: bool = False) -> Graph:
@@ -55,7 +55,9 @@ def from_torch(module, example_inputs, name: str | None = None, strict: bool = F
     finally:
         for m, training in modes:
             m.training = training
-    return from_exported(ep, name=name or type(module).__name__, strict=strict)
+    graph = from_exported(ep, name=name or type(module).__name__, strict=strict)
+    graph.source = ModelSource("torch", module=module)  # the user's module, as they would run it eagerly
+    return graph
 
 
 def from_exported(ep, input_shapes: dict[str, Sequence[int]] | None = None, name: str | None = None,
@@ -90,6 +92,7 @@ def from_exported(ep, input_shapes: dict[str, Sequence[int]] | None = None, name
     graph, fallbacks = best
     if strict and fallbacks:
         raise UnsupportedOps(fallbacks)
+    graph.source = ModelSource("torch", module=ep)  # its module is made when a peer first runs it
     return graph
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ..costmodel.funnel import pruned_fraction
 from ..results import TaskResult, TuneResult
@@ -215,6 +216,14 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
         con.print(f"  whole plan: median [bold green]{fmt_time(e2e.median_s)}[/], p99 {fmt_time(e2e.p99_s)} over "
                   f"{e2e.samples} calls; {e2e.library} {fmt_time(e2e.library_median_s)} (p99 "
                   f"{fmt_time(e2e.library_p99_s)}): {e2e.speedup:.2f}x faster", highlight=False)
+        if e2e.peers:  # the runtimes the user would otherwise run the model with, timed in the same rounds
+            timed = [f"{k} {fmt_time(v['median_s'])} (plan {e2e.median_s / v['median_s']:.2f}x)"
+                     for k, v in e2e.peers.items() if "median_s" in v]
+            skipped = [f"{k} ({v['skipped']})" for k, v in e2e.peers.items() if "skipped" in v]
+            con.print(Text(f"  against the model's runtimes: {'; '.join(timed) or 'none timed'}; fastest of all: "
+                           f"{e2e.fastest[0]} (plan {e2e.ratio_vs_fastest:.2f}x its time)"))
+            if skipped:
+                con.print(Text(f"  not timed: {'; '.join(skipped)}"))
         for sh in e2e.shares:  # Amdahl order: where the time goes
             d = e2e.decisions.get(sh["task"], {})
             note = "" if d.get("decision", "tuned") == "tuned" and "below" not in d.get("reason", "") else \

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..ir import ZOO, Graph
 from ..ops.fallback import steps as fallback_steps
+from ..peers import peers_option
 from ..rewrite import Limits, saturate
 from ..rewrite.analysis import analyse, estimate
 from ..rewrite.extract import greedy, ilp, prune_memory, usable
@@ -170,6 +171,7 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
               "extraction_s": sum(t.info["greedy_s"] + t.info["ilp_s"] + t.info["orders_s"] for t in tasks),
               "genome_s": sum(t.info["genome_s"] for t in tasks)}
     shapes = {k: list(v) for k, v in graph.inputs.items()}
+    peers_option(options or {})  # a bad value fails here, before anything is built or measured
     opts = {**(options or {}), "memory_budget_mb": memory_budget_mb, "seed": seed}
     if whole_below != WHOLE_BELOW:
         opts["whole_below"] = whole_below
@@ -212,12 +214,15 @@ def parse_shapes(text: str) -> dict[str, tuple[int, ...]] | None:
 
 
 def file_workload(path: str, memory_budget_mb: float = 1024, seed: int = 0, input_shapes: str = "",
-                  target: str | Target = "cpu", strict: bool = False) -> Workload:
+                  target: str | Target = "cpu", strict: bool = False, peers: str = "auto") -> Workload:
     """A model file (.onnx, .pt2); ``input_shapes`` fixes dynamic sizes, e.g. ``x=1x256``; ``strict`` refuses a
-    model with ops that have no rule (listing them all) instead of running them as library fallback steps."""
+    model with ops that have no rule (listing them all) instead of running them as library fallback steps;
+    ``peers``: the runtimes the whole plan is timed against (``planforge.peers``: auto, compile, none)."""
     from ..ir import load_model
 
+    peers_option({"peers": peers})
     shapes = parse_shapes(input_shapes)
     g = load_model(path, input_shapes=shapes, strict=strict)
-    opts = {"file": os.path.abspath(path), **({"input_shapes": input_shapes} if shapes else {})}
+    opts = {"file": os.path.abspath(path), **({"input_shapes": input_shapes} if shapes else {}),
+            **({"peers": peers} if peers != "auto" else {})}
     return graph_workload(g, os.path.abspath(path), opts, memory_budget_mb=memory_budget_mb, seed=seed, target=target)
