@@ -372,3 +372,27 @@ def test_a_plan_the_search_screened_out_is_not_proposed_again():
     assert c1.fingerprint in ctx.screened and c1.fingerprint not in ctx.measured
     res = run_l2(ctx, [Fixed([{"a": 2, "b": "y"}])], be)
     assert res.fates[0].fate == "duplicate" and res.fates[0].reason == "refused by the search's screen before measuring"
+
+
+def test_auto_runs_l2_on_every_task_when_the_task_level_target_is_missed(tmp_path, profile, monkeypatch):
+    import planforge.endtoend as endtoend
+    from planforge.ir.zoo import transformer
+    from planforge.l2 import L2Settings
+    from planforge.search import Budget
+    from planforge.targets.cpu.target import CpuTarget
+    from planforge.tuning import tune
+    from planforge.workloads.models import graph_workload
+
+    # the whole plan misses its target whatever this machine measures: every task is then given L2
+    monkeypatch.setattr(endtoend.EndToEnd, "holds", property(lambda self: False))
+    wl = graph_workload(transformer(layers=2, seq=6, width=16, heads=2), "t2", whole_below=0,
+                        target=CpuTarget(profile))
+    res = tune(wl, budget=Budget(evals=6), seed=0, out=tmp_path, l2=L2Settings("auto", budget=2))
+    assert res.ok and res.end_to_end is not None
+    triggers = {tr.task.key: tr.l2["trigger"] for tr in res.tasks}
+    assert set(triggers) == {t.key for t in wl.tasks}
+    assert all(t == "the task-level target was missed" or t.startswith("below the 95% rule") for t in triggers.values())
+    assert "the task-level target was missed" in triggers.values() or all(tr.fallback for tr in res.tasks)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert all(t["l2"] is not None for t in run["tasks"].values())
+    assert any("L2 (" in n for n in run["notes"])

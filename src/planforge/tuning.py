@@ -184,8 +184,9 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
             it holds the same task under another device fingerprint or a
             nearby shape of it (default: none).
         l2: L2 proposers after each task's search and finalists (``planforge.l2``): ``L2Settings(mode, budget,
-            proposer)``; in ``auto`` a task below the 95% rule gets ``budget`` more evaluations of proposals,
-            ``always`` every task; a proposal is kept only when it beats the accepted plan re-measured beside
+            proposer)``; in ``auto`` a task below the 95% rule gets ``budget`` more evaluations of proposals
+            (and, when a partitioned model's task-level target is missed, every task; a kept plan re-measures
+            the whole plan), ``always`` every task; a proposal is kept only when it beats the accepted plan re-measured beside
             it (default None: off).
     """
     t0 = time.perf_counter()
@@ -222,11 +223,7 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
                 close()
         main = next(iter(per_task[0]))
         if l2 is not None and l2.mode != "off":  # L2 after L1 and the finalists, on this machine's results
-            for d in per_task:
-                w = main if main in d else next(iter(d))
-                d[w] = _with_l2(db, run_id, workload, d[w], l2, w)
-                if d[w].l2:
-                    notes.append(_l2_note(d[w]))
+            _l2_round(db, run_id, workload, per_task, main, l2, notes)
         results = [d.get(main) or next(iter(d.values())) for d in per_task]
         notes.extend(warm_note(tr.task.key, tr.strategy.get("warm_start")) for tr in results
                      if tr.strategy.get("warm_start"))
@@ -241,8 +238,15 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
             from .endtoend import end_to_end
             from .workloads.objective import Objective
 
-            e2e, _ = end_to_end(workload, results, Objective.parse(workload.manifest.options.get("objective")),
-                                workload.target, seed)
+            objective = Objective.parse(workload.manifest.options.get("objective"))
+            e2e, _ = end_to_end(workload, results, objective, workload.target, seed)
+            if l2 is not None and l2.mode == "auto" and not e2e.holds:
+                # the task-level target missed: L2 on the tasks it had not run on; a kept plan changes the chain
+                kept = _l2_round(db, run_id, workload, per_task, main, l2, notes, task_level_missed=True)
+                results = [d.get(main) or next(iter(d.values())) for d in per_task]
+                by_target[main] = [d[main] for d in per_task if main in d]
+                if kept:
+                    e2e, _ = end_to_end(workload, results, objective, workload.target, seed)
         spec = build_spec(workload, results, budget, main, e2e) if ok else None
         if spec is not None and schedule_json is not None:  # how the budget was spent across the tasks
             spec["schedule"] = schedule_json
@@ -415,6 +419,22 @@ def _bound(task: Task, walk, ranked: Ranked) -> dict[str, Any] | None:
     return bound
 
 
+def _l2_round(db: Records, run_id: str, workload: Workload, per_task: list[dict[str, TaskResult]], main: str,
+              l2: L2Settings, notes: list[str], task_level_missed: bool = False) -> bool:
+    """L2 on each task's result on this machine that has not had it, in place; a note per task it ran on.
+    True when a proposal was kept."""
+    kept = False
+    for d in per_task:
+        w = main if main in d else next(iter(d))
+        if d[w].l2 is not None:
+            continue
+        d[w] = _with_l2(db, run_id, workload, d[w], l2, w, task_level_missed)
+        if d[w].l2:
+            notes.append(_l2_note(d[w]))
+            kept |= bool(d[w].l2["kept"])
+    return kept
+
+
 def _l2_note(tr: TaskResult) -> str:
     l2 = tr.l2
     c = l2["counts"]
@@ -428,12 +448,13 @@ def _l2_note(tr: TaskResult) -> str:
                       if p["message"]))
 
 
-def _with_l2(db: Records, run_id: str, workload: Workload, tr: TaskResult, l2: L2Settings, where: str) -> TaskResult:
+def _with_l2(db: Records, run_id: str, workload: Workload, tr: TaskResult, l2: L2Settings, where: str,
+             task_level_missed: bool = False) -> TaskResult:
     """``tr`` after L2 when its trigger fires on this machine's result: every proposal's fate in ``tr.l2``;
     a kept proposal heads the ranked list, re-measured beside the incumbent and the libraries, and the walk
     accepts it (it passed the validators). Its measurements go to the records like the search's."""
     task = tr.task
-    why = l2_trigger(l2.mode, tr.fallback)
+    why = l2_trigger(l2.mode, tr.fallback, task_level_missed)
     if why is None or tr.walk is None or where != task.backend.fingerprint:
         return tr
     acc = tr.walk.accepted
@@ -443,8 +464,11 @@ def _with_l2(db: Records, run_id: str, workload: Workload, tr: TaskResult, l2: L
         db.add(run_id, workload.manifest.key, task.key, where, t.candidate.fingerprint, t.candidate.as_dict(),
                t.outcome, first + t.n if t.n else 0)
 
-    res = task_phase(task, tr.result.trials, (acc.candidate, acc.metric), why, l2, tr.bound, tr.baselines, db,
-                     where, run_id, record)
+    try:
+        res = task_phase(task, tr.result.trials, (acc.candidate, acc.metric), why, l2, tr.bound, tr.baselines, db,
+                         where, run_id, record)
+    finally:
+        task.backend.close()  # the driver closed it after the search; measuring again reopened its worker
     if res.kept is None:
         return dataclasses.replace(tr, l2=res.to_json())
     ranked = Ranked((tr.ranked or tr.result.ranked).k)
