@@ -123,7 +123,8 @@ def tune(
                                                         "with where it sits, instead of running them as library "
                                                         "fallback steps."),
     l2: str = typer.Option("off", "--l2", help="L2 proposers after the search: off (default), auto (a task below "
-                                               "the 95%% rule gets --l2-budget evaluations of proposals) or always "
+                                               "the 95% rule, or every task when the task-level target is missed, "
+                                               "gets --l2-budget evaluations of proposals) or always "
                                                "(every task); a proposal is kept only if it beats the accepted plan "
                                                "re-measured beside it."),
     l2_budget: int = typer.Option(8, "--l2-budget", help="Evaluations of L2 proposals per triggered task (default 8)."),
