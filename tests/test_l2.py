@@ -265,6 +265,12 @@ def test_the_playbook_learns_the_best_setting_of_earlier_runs_from_the_records(t
     assert learnt(db, ctx, "other-device") == [] and learnt(db, ctx, "dev", exclude_run=run) == []
     props = Playbook(records=db, target="dev").propose(ctx, 8).proposals
     assert any(p.source.startswith("records:") for p in props)
+    # at a shape where the learnt jb=4 breaks a restriction (jb * vec <= n) it is mapped to the nearest valid plan
+    narrow = kernel_ctx("gemv", (32, 512), AVX512)
+    mapped = [p for p in Playbook(records=db, target="dev").propose(narrow, 8).proposals
+              if p.source.startswith("records:")]
+    assert mapped and all(admit(narrow.space, p.plan, narrow.base)[0] is not None for p in mapped)
+    assert mapped[0].plan["jb"] * mapped[0].plan["vec"] <= 32 and mapped[0].plan["w_layout"] == "packed"
     db.close()
 
 

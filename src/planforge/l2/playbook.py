@@ -299,8 +299,9 @@ class Playbook:
                     used.append(r.id)
             out.append(Proposal(repair(ctx.space, plan, fixed), "combined:" + "+".join(used),
                                 "the applicable rules at once (a rule whose knobs an earlier one set is left out)"))
-        if self.records is not None and self.target:
-            out.extend(learnt(self.records, ctx, self.target, self.exclude_run))
+        if self.records is not None and self.target:  # mapped to this shape: the fewest changes that make it valid
+            out.extend(Proposal(repair(ctx.space, {**base, **p.plan}, ()), p.source, p.why)
+                       for p in learnt(self.records, ctx, self.target, self.exclude_run))
         for r in applicable:
             for p in r.plans(ctx, base, env):
                 out.append(Proposal(repair(ctx.space, p, set(r.set) | set(r.vary)), r.id,
