@@ -93,3 +93,26 @@ def test_the_report_draws_a_space_larger_than_a_float_holds():
     assert svg and "7 x 10^400" in svg
     assert "7 x 10^400" in plots.why_not("funnel", {"funnel": [stages[0], stages[-1]]}, None)  # one line instead
     assert fmt_size(7 * 10**400) == "7.00e+400" and fmt_size(1234) == "1,234"
+
+
+def test_a_slow_runners_end_to_end_rounds_are_capped_not_its_fast_ones():
+    import time as _time
+
+    from planforge import endtoend
+
+    calls = {"slow": 0, "fast": 0}
+
+    def slow():
+        calls["slow"] += 1
+        _time.sleep(0.05)
+
+    def fast():
+        calls["fast"] += 1
+
+    t0 = _time.perf_counter()
+    mine, lib = endtoend.measure(fast, slow, rounds=2)
+    took = _time.perf_counter() - t0
+    # the slow one: about ROUND_CAP_S a round (at least MIN_ROUND_SAMPLES calls), not min_repeats x 50 ms
+    assert endtoend.MIN_ROUND_SAMPLES * 2 <= len(lib) <= 2 * endtoend.ROUND_CAP_S / 0.05 + 2
+    assert len(mine) >= 2 * endtoend.E2E_TIMING.min_repeats  # the fast one keeps its full sample
+    assert took < 2 * endtoend.E2E_TIMING.min_repeats * 0.05  # far less than the uncapped rounds would take

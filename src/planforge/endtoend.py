@@ -27,7 +27,8 @@ and the reason.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -37,6 +38,7 @@ from .results import FALLBACK_WITHIN, TaskResult
 from .workloads.objective import Objective
 
 E2E_TIMING = TimingConfig(warmup_s=0.05, budget_s=0.4, min_repeats=100, max_repeats=3000, min_sample_s=0.0)
+ROUND_CAP_S, MIN_ROUND_SAMPLES = 2.0, 10  # a slow runner's round: about this long, with at least this many calls
 
 
 @dataclass
@@ -174,14 +176,28 @@ def measure(plan_fn: Callable[[], Any], library_fn: Callable[[], Any], rounds: i
             ) -> tuple[list[float], list[float]] | tuple[list[float], list[float], dict[str, list[float]]]:
     """Single-call times of the plan and the library (and of each of ``others``), interleaved round by round
     (raw times pooled); the third item, the others' times, only when ``others`` is given."""
-    mine, lib = [], []
-    more: dict[str, list[float]] = {k: [] for k in others or {}}
+    fns = {"plan": plan_fn, "library": library_fn, **{f"peer {k}": f for k, f in (others or {}).items()}}
+    cfgs = {k: _fitted(f, cfg) for k, f in fns.items()}
+    got: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
-        mine.extend(time_fn(plan_fn, cfg))
-        lib.extend(time_fn(library_fn, cfg))
-        for k, f in (others or {}).items():
-            more[k].extend(time_fn(f, cfg))
+        for k, f in fns.items():
+            got[k].extend(time_fn(f, cfgs[k]))
+    mine, lib = got["plan"], got["library"]
+    more = {k: got[f"peer {k}"] for k in others or {}}
     return (mine, lib, more) if others is not None else (mine, lib)
+
+
+def _fitted(fn: Callable[[], Any], cfg: TimingConfig) -> TimingConfig:
+    """``cfg`` with fewer repeats for a slow runner, so that one round of it takes about ``ROUND_CAP_S`` at
+    most (never fewer than ``MIN_ROUND_SAMPLES``): a model whose library takes 0.3 s a call (on a busy machine)
+    would otherwise spend 30 s a round on its ``min_repeats``."""
+    t0 = time.perf_counter()
+    fn()
+    one = time.perf_counter() - t0
+    if one * cfg.min_repeats <= ROUND_CAP_S:
+        return cfg
+    n = max(MIN_ROUND_SAMPLES, int(ROUND_CAP_S / max(one, 1e-9)))
+    return replace(cfg, min_repeats=n, max_repeats=n, warmup_s=min(cfg.warmup_s, one))
 
 
 def _peers(workload, xs, ref, tol) -> list:
