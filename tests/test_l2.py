@@ -402,3 +402,19 @@ def test_auto_runs_l2_on_every_task_when_the_task_level_target_is_missed(tmp_pat
     run = json.loads((tmp_path / "run.json").read_text())
     assert all(t["l2"] is not None for t in run["tasks"].values())
     assert any("L2 (" in n for n in run["notes"])
+
+
+def test_a_graph_rule_prefers_the_fused_e_nodes():
+    from planforge.space import gene
+
+    sp = Space([gene("c1", ("lib2(matmul)#0", "fused_mlp#1")), gene("c2", ("fused_mlp#0", "lib1(relu)#1")),
+                gene("c3", ("lib1(relu)#0", "tmpl1(relu)#1"))])
+    inc = sp.make({"c1": "lib2(matmul)#0", "c2": "lib1(relu)#1", "c3": "tmpl1(relu)#1"})
+    ctx = TaskContext("graph", "graph", {}, sp, None, inc, 1e-5)
+    got = Playbook().propose(ctx, 4)
+    fused = next(p for p in got.proposals if p.source == "graph-fuse-the-mlp")
+    assert fused.plan == {"c1": "fused_mlp#1", "c2": "fused_mlp#0", "c3": "tmpl1(relu)#1"}
+    assert "graph-fuse-the-mlp" in got.detail["rules"]
+    plain = Space([gene("c1", ("lib2(matmul)#0", "lib2(matmul_bcast)#1"))])
+    none = Playbook().propose(TaskContext("graph", "graph", {}, plain, None, plain.make({"c1": "lib2(matmul)#0"})), 4)
+    assert none.status == "skipped" and "no gene has a value starting 'fused_mlp'" in none.message

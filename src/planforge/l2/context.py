@@ -141,7 +141,9 @@ def build_context(task: str, space: Space, backend, trials: Sequence[tuple[Candi
     besides the trials (the whole task's, default just the trials')."""
     desc = backend.describe()
     problem = desc.get("problem") or {}
-    template = str(desc.get("template") or problem.get("op") or desc.get("backend") or "unknown")
+    # a kernel's template, a whole graph's plan ("graph": its genes choose e-nodes), else the backend's kind
+    template = str(desc.get("template") or problem.get("op") or ("graph" if "graph" in desc else None)
+                   or desc.get("backend") or "unknown")
     ok = sorted(((o.metric, c) for c, o in trials if o.ok and o.metric is not None and math.isfinite(o.metric)),
                 key=lambda x: x[0])
     top, seen = [], set()

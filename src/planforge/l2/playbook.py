@@ -47,6 +47,8 @@ RULE_SCHEMA = {
         "vary": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
         "maximize": {"type": "string"},
         "take": {"type": "integer", "minimum": 1, "maximum": 8},
+        "prefer": {"type": "object", "required": ["value_prefix"], "additionalProperties": False,
+                   "properties": {"value_prefix": {"type": "string", "minLength": 1}}},
         "evidence": {"type": "object", "required": ["source", "measured"],
                      "properties": {"source": {"type": "string"}, "section": {"type": "string"},
                                     "measured": {"type": "string"}}},
@@ -91,6 +93,7 @@ class Rule:
     vary: tuple[str, ...] = ()
     maximize: str = ""
     take: int = 1
+    prefer: str = ""          # every gene with a value starting so takes the first such value (a graph's fusions)
     origin: str = ""
     _when: Callable[[Env], Any] = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     _objective: Callable[[Env], Any] | None = field(default=None, repr=False, compare=False)
@@ -109,7 +112,8 @@ class Rule:
         exprs = {k: _expr(v["expr"], f"{where}: set {k}") for k, v in d["set"].items()
                  if isinstance(v, dict) and "expr" in v}
         return cls(d["id"], tuple(d["templates"]), d["when"], dict(d["set"]), dict(d["evidence"]),
-                   tuple(d.get("vary", ())), d.get("maximize", ""), d.get("take", 1), origin,
+                   tuple(d.get("vary", ())), d.get("maximize", ""), d.get("take", 1),
+                   (d.get("prefer") or {}).get("value_prefix", ""), origin,
                    _expr(d["when"], f"{where}: when"),
                    _expr(d["maximize"], f"{where}: maximize") if d.get("maximize") else None, exprs)
 
@@ -121,9 +125,25 @@ class Rule:
         missing = sorted((set(self.set) | set(self.vary)) - names)
         if missing:
             return f"the space has no knob {', '.join(missing)}"
+        if self.prefer and not self._preferred(ctx.space):
+            return f"no gene has a value starting {self.prefer!r}"
         if not _holds(self._when, env):
             return f"condition {self.when!r} does not hold"
         return None
+
+    def touches(self, space: Space) -> set[str]:
+        """The knobs the rule sets in ``space``."""
+        return set(self.set) | set(self.vary) | (set(self._preferred(space)) if self.prefer else set())
+
+    def _preferred(self, space: Space) -> dict[str, Any]:
+        """Per gene with a value starting ``prefer``, the first such value."""
+        out = {}
+        for k in space.knobs:
+            if k.kind == "gene":
+                v = next((x for x in k.values if isinstance(x, str) and x.startswith(self.prefer)), None)
+                if v is not None:
+                    out[k.name] = v
+        return out
 
     def _value(self, knob, name: str, spec: Any, env: Env) -> Any:
         if isinstance(spec, dict) and "pick" in spec:
@@ -142,6 +162,9 @@ class Rule:
         ones, by ``maximize``, ties in the space's order); [] when no varied setting is valid."""
         knobs = {k.name: k for k in ctx.space.knobs}
         plan = dict(base)
+        if self.prefer:  # a gene already on a preferred value keeps it
+            plan.update({k: v for k, v in self._preferred(ctx.space).items()
+                         if not (isinstance(plan.get(k), str) and plan[k].startswith(self.prefer))})
         for name, spec in self.set.items():
             plan[name] = self._value(knobs[name], name, spec, {**env, **plan})
         if not self.vary:
@@ -295,7 +318,7 @@ class Playbook:
                 got = r.plans(ctx, plan, env)
                 if got:
                     plan = got[0]
-                    fixed |= set(r.set) | set(r.vary)
+                    fixed |= r.touches(ctx.space)
                     used.append(r.id)
             out.append(Proposal(repair(ctx.space, plan, fixed), "combined:" + "+".join(used),
                                 "the applicable rules at once (a rule whose knobs an earlier one set is left out)"))
@@ -304,10 +327,10 @@ class Playbook:
                        for p in learnt(self.records, ctx, self.target, self.exclude_run))
         for r in applicable:
             for p in r.plans(ctx, base, env):
-                out.append(Proposal(repair(ctx.space, p, set(r.set) | set(r.vary)), r.id,
+                out.append(Proposal(repair(ctx.space, p, r.touches(ctx.space)), r.id,
                                     r.evidence.get("measured", "")[:200]))
         if out:
-            out.extend(self._fill(ctx, out, n, fixed_all={k for r in applicable for k in (*r.set, *r.vary)}))
+            out.extend(self._fill(ctx, out, n, fixed_all={k for r in applicable for k in r.touches(ctx.space)}))
         status = "ok" if out else "skipped"
         msg = "" if out else (f"no rule applies to {ctx.template}" if not skipped
                               else f"no rule applies: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}")
