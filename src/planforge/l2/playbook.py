@@ -348,9 +348,11 @@ class Playbook:
         first = None
         for p in out:
             c, _ = admit(ctx.space, p.plan, base)
-            if c is not None and c.fingerprint not in ctx.measured | ctx.screened:
+            if c is None:
+                continue
+            first = first or c  # measured already or not: its neighbours are the rules' next guesses
+            if c.fingerprint not in ctx.measured | ctx.screened:
                 distinct.add(c.fingerprint)
-                first = first or c
         if first is None or len(distinct) >= n:
             return []
         moves = ctx.space.neighbours(first)
