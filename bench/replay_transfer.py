@@ -26,9 +26,19 @@ warm ``auto``'s median over the *other* families' spaces, with seeds
 1000.. (disjoint from the scoring seeds 0..S-1); the held-out family is then
 scored with that choice (column ``warm-lofo``).
 
+``--defaults N`` chooses the cold default the same way among ``DEFAULTS`` (or
+the labels ``--default-candidates`` names), with seeds 1000..1000+N-1: per
+family, the candidate worse than random (p50 or p90) on the fewest of the other
+families' spaces, then with the lowest geometric mean of its medians there; the
+held-out family is scored with it (``cold-lofo``). ``--jobs`` runs the runs in
+forked worker processes; ``--no-optuna --optuna-from EARLIER.json`` reuses an
+earlier run's Optuna figures as a cold peer instead of re-running Optuna.
+
     .venv/bin/python bench/replay_transfer.py --seeds 20 --choose 5 \\
         --json bench/results/replay_transfer.json --markdown bench/results/replay_transfer.md \\
         --checkpoint /tmp/replay_transfer.jsonl
+    .venv/bin/python bench/replay_transfer.py --seeds 20 --defaults 20 --no-optuna --jobs 2 \\
+        --optuna-from bench/results/replay_transfer.json --checkpoint /tmp/replay_transfer.jsonl
 """
 from __future__ import annotations
 
@@ -58,11 +68,15 @@ from planforge.warmstart import recording_source  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 HUB = ROOT.parent / "shared" / "benchmark_hub"
 EARLY_GRID = (0, 4, 8, 16, 32)
-# candidates for the cold default (--defaults): label -> (strategy, settings); "auto" is today's
+# candidates for the cold default (--defaults): label -> (strategy, settings), spelled out rather than "auto" so
+# that a checkpoint's figures keep their meaning when auto's choice changes; the first is auto's choice until
+# 2026-12-01 (four arms), the second the one the leave-one-family-out run of that day chose
 DEFAULTS = {
-    "auto": ("auto", {}),
-    "thompson": ("thompson", {}),
+    "bandit:thompson+genetic+annealing+hillclimb": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb",
+                                                               "c": 0.2}),
+    "bandit:thompson+genetic+annealing": ("bandit", {"arms": "thompson+genetic+annealing", "c": 0.2}),
     "bandit:thompson+genetic": ("bandit", {"arms": "thompson+genetic", "c": 0.2}),
+    "thompson": ("thompson", {}),
     "thompson:wide": ("thompson", {"radius": 3, "global_every": 2}),
 }
 PEERS_JSON = ROOT / "bench" / "results" / "replay_peers.json"
@@ -88,7 +102,7 @@ class Runner:
                 self.done[d["key"]] = (d["evals"], d["cpu_s"])
 
     def evals(self, label: str, method: str, seed: int, early: int = EARLY) -> int:
-        key = f"{label}|{method}|{early}|{seed}|{self.budget}"
+        key = self._key(label, method, seed, early)
         if key not in self.done:
             t0 = time.process_time()
             rep = self.replays[label]
@@ -108,14 +122,44 @@ class Runner:
             else:
                 raise ValueError(method)
             n = evals_to_within(values[: self.budget], rep.optimum)
-            self.done[key] = (self.budget + 1 if n is None else n, time.process_time() - t0)
-            if self.checkpoint:
-                with self.checkpoint.open("a") as f:
-                    f.write(json.dumps({"key": key, "evals": self.done[key][0], "cpu_s": self.done[key][1]}) + "\n")
+            self._record(key, self.budget + 1 if n is None else n, time.process_time() - t0)
         return self.done[key][0]
+
+    def prefetch(self, jobs: int, todo: list[tuple[str, str, int, int]]) -> None:
+        """Run the (label, method, seed, early) runs not done yet in ``jobs`` forked worker processes (the
+        replays and warm starts are inherited), so that the sequential passes below only read results."""
+        todo = [t for t in dict.fromkeys(todo) if self._key(*t) not in self.done]
+        if jobs < 2 or len(todo) < 2:
+            return
+        import multiprocessing as mp
+
+        global _RUNNER
+        _RUNNER = self
+        with mp.get_context("fork").Pool(jobs) as pool:
+            for t, (n, cpu) in zip(todo, pool.imap(_prefetch_one, todo)):
+                self._record(self._key(*t), n, cpu)
+
+    def _key(self, label: str, method: str, seed: int, early: int = EARLY) -> str:
+        return f"{label}|{method}|{early}|{seed}|{self.budget}"
+
+    def _record(self, key: str, n: int, cpu: float) -> None:
+        self.done[key] = (n, cpu)
+        if self.checkpoint:
+            with self.checkpoint.open("a") as f:
+                f.write(json.dumps({"key": key, "evals": n, "cpu_s": cpu}) + "\n")
 
     def cpu(self, method: str) -> float:
         return sum(c for k, (_, c) in self.done.items() if k.split("|")[1] == method)
+
+
+_RUNNER: Runner | None = None  # the parent's runner, inherited by forked prefetch workers
+
+
+def _prefetch_one(t: tuple[str, str, int, int]) -> tuple[int, float]:
+    key = _RUNNER._key(*t)
+    _RUNNER.checkpoint = None  # the parent writes the checkpoint
+    _RUNNER.evals(*t)
+    return _RUNNER.done[key]
 
 
 def stats(xs: list[int], budget: int) -> dict:
@@ -139,6 +183,13 @@ def peer_figures(path: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def optuna_figures(path: Path) -> dict[str, tuple[float, float]]:
+    """Optuna TPE's cold median and p90 per space from an earlier run of this script (its --json), for a run
+    with --no-optuna; labelled with that run's seeds."""
+    doc = json.loads(path.read_text())
+    return {lb: (d["optuna"]["median"], d["optuna"]["p90"]) for lb, d in doc["spaces"].items() if "optuna" in d}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hub", type=Path, default=HUB)
@@ -147,10 +198,15 @@ def main(argv=None) -> int:
                                                           "out (default 0: no choice, EARLY only)")
     ap.add_argument("--defaults", type=int, default=0, help="seeds (1000..) for choosing the cold default among "
                                                             "DEFAULTS, leave one family out (default 0: none)")
+    ap.add_argument("--default-candidates", default="", help="with --defaults: the DEFAULTS labels to choose "
+                                                               "among, joined by commas (default: all)")
     ap.add_argument("--budget", type=int, default=1000)
     ap.add_argument("--no-optuna", action="store_true", help="leave out the Optuna peer")
     ap.add_argument("--peer-seeds", type=int, default=None, help="seeds 0..P-1 for the Optuna peer (default: "
                                                                  "--seeds; its runs cost 10-100x planforge's)")
+    ap.add_argument("--optuna-from", type=Path, help="with --no-optuna: take Optuna's cold figures from this "
+                                                       "earlier --json of this script, as a cold peer")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes for the runs (default 1)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--checkpoint", type=Path)
@@ -192,11 +248,17 @@ def main(argv=None) -> int:
               f"{choice_table['all families']['chosen']} ({time.time() - t0:.0f} s)", flush=True)
 
     chosen_default, default_table = {}, {}
+    unknown = [d for d in args.default_candidates.split(",") if d and d not in DEFAULTS]
+    if unknown:
+        ap.error(f"--default-candidates: unknown {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
+    candidates = {d: DEFAULTS[d] for d in args.default_candidates.split(",") if d} or DEFAULTS
     if args.defaults:
         dseeds = range(1000, 1000 + args.defaults)
+        run.prefetch(args.jobs, [(lb, m, s, EARLY) for lb in labels for m in ["random", *(f"default:{d}" for d in candidates)]
+                                 for s in dseeds])
         med, p90 = {}, {}
         for lb in labels:
-            for m in ["random", *(f"default:{d}" for d in DEFAULTS)]:
+            for m in ["random", *(f"default:{d}" for d in candidates)]:
                 xs = [run.evals(lb, m, s) for s in dseeds]
                 med[(lb, m)], p90[(lb, m)] = float(np.median(xs)), float(np.percentile(xs, 90))
 
@@ -207,8 +269,8 @@ def main(argv=None) -> int:
 
         for fam in [*fams, "all families"]:
             pool = [lb for lb in labels if fam_of[lb] != fam]
-            scores = {d: rank(d, pool) for d in DEFAULTS}
-            chosen_default[fam] = min(DEFAULTS, key=lambda d: scores[d])
+            scores = {d: rank(d, pool) for d in candidates}
+            chosen_default[fam] = min(candidates, key=lambda d: scores[d])
             default_table[fam] = {"chosen": chosen_default[fam],
                                   "worse_than_random_on, geo_mean": {d: list(v) for d, v in scores.items()}}
         print(f"cold default chosen leave one family out: {chosen_default} ({time.time() - t0:.0f} s)", flush=True)
@@ -217,6 +279,11 @@ def main(argv=None) -> int:
     peer_seeds = range(args.seeds if args.peer_seeds is None else args.peer_seeds)
     methods = ["random", "auto", "warm:auto"] + ([] if args.no_optuna else ["optuna", "warm:optuna"])
     peers = peer_figures(PEERS_JSON)
+    earlier = optuna_figures(args.optuna_from) if args.optuna_from else {}
+    todo = [(lb, m, s, EARLY) for lb in labels for m in methods for s in (peer_seeds if "optuna" in m else seeds)]
+    todo += [(lb, f"default:{chosen_default[fam_of[lb]]}", s, EARLY) for lb in labels for s in seeds if chosen_default]
+    todo += [(lb, "warm:auto", s, chosen[fam_of[lb]]) for lb in labels for s in seeds if args.choose]
+    run.prefetch(args.jobs, todo)
     rows = {}
     for lb in labels:
         d = {m: stats([run.evals(lb, m, s) for s in (peer_seeds if "optuna" in m else seeds)], args.budget)
@@ -231,6 +298,8 @@ def main(argv=None) -> int:
             d["cold-lofo"]["chosen"] = chosen_default[fam_of[lb]]
         cold_peers = {} if args.no_optuna else {"optuna:tpe (this run)": (d["optuna"]["median"], d["optuna"]["p90"])}
         cold_peers.update({k + " (replay_peers.json)": v for k, v in peers.get(lb, {}).items()})
+        if lb in earlier:
+            cold_peers[f"optuna:tpe ({args.optuna_from.name})"] = earlier[lb]
         best = min(cold_peers.items(), key=lambda kv: kv[1][0]) if cold_peers else None
         d["best_cold_peer"] = {"name": best[0], "median": best[1][0], "p90": best[1][1]} if best else None
         d["sources"] = warm[(lb, EARLY)].describe()["sources"]
