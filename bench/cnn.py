@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -161,6 +162,10 @@ def runners(name: str, size: int, budget: int, compile_: bool, tmp: Path) -> tup
     with torch.inference_mode():
         want = m(x).numpy()
     fns, info = {}, {}
+    # every runtime gets the CPUs this process may use (under taskset, one): their defaults count the machine's
+    threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    info["threads"] = threads
 
     def eager(v=x):
         with torch.inference_mode():
@@ -180,7 +185,9 @@ def runners(name: str, size: int, budget: int, compile_: bool, tmp: Path) -> tup
     try:
         import onnxruntime as ort
 
-        sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
         fns["ONNX Runtime"] = lambda: sess.run(None, {"x": xn})
     except ImportError:
         info["onnxruntime"] = "not installed"
@@ -188,7 +195,9 @@ def runners(name: str, size: int, budget: int, compile_: bool, tmp: Path) -> tup
         import openvino as ov
 
         core = ov.Core()
-        net = core.compile_model(str(onnx_path), "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"})
+        net = core.compile_model(str(onnx_path), "CPU", {"PERFORMANCE_HINT": "LATENCY",
+                                                         "INFERENCE_PRECISION_HINT": "f32",
+                                                         "INFERENCE_NUM_THREADS": threads})
         req = net.create_infer_request()
         fns["OpenVINO"] = lambda: req.infer({0: xn})
     except ImportError:
