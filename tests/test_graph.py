@@ -303,3 +303,38 @@ def test_torch_module_through_tune_spec_run(tmp_path, cli):
     with torch.no_grad():
         want = m(x).numpy()
     assert np.allclose(plan(x.numpy()), want, atol=1e-4)
+
+
+def test_equal_template_problems_get_equal_settings_drawn_once(profile):
+    """A model's repeated layers give the same template problem in every task: its settings are drawn (and
+    ranked) once per target, and each node gets them seeded by the problem, not by the node."""
+    from planforge.ir.zoo import transformer
+    from planforge.space import genome
+    from planforge.targets.cpu.target import CpuTarget
+    from planforge.workloads.models import graph_workload
+
+    calls = []
+    orig = genome.knob_configs
+
+    def counting(*a, **k):
+        calls.append(a[3])
+        return orig(*a, **k)
+
+    genome.knob_configs = counting
+    try:
+        wl = graph_workload(transformer(layers=2, seq=6, width=16, heads=2), "t2", whole_below=0,
+                            target=CpuTarget(profile))
+    finally:
+        genome.knob_configs = orig
+    problems = [p for t in wl.tasks for p in _genome_of(t).problems.values()]
+    assert len(calls) == len(set(problems)) < len(problems)  # two identical layers: each problem drawn once
+    by_problem = {}
+    for t in wl.tasks:
+        g = _genome_of(t)
+        for nid, p in g.problems.items():
+            by_problem.setdefault(p, []).append(g.configs[nid])
+    assert all(all(c == cs[0] for c in cs) for cs in by_problem.values())
+
+
+def _genome_of(task):
+    return task.backend.genome
