@@ -120,6 +120,8 @@ def test_a_partitioned_torch_model_is_timed_against_its_runtimes_end_to_end(tmp_
     text = buf.getvalue()
     assert "against the model's runtimes: " in text and "torch eager " in text and "fastest of all: " in text
     assert "not timed: " in text and "torch.compile (not asked for" in text
+    html = (tmp_path / "report.html").read_text()
+    assert "Against the model's runtimes" in html and "torch eager " in html and "torch.compile: not timed" in html
     spec = load_spec(tmp_path / "spec.json")  # the schema holds the peers' figures and reasons
     assert spec["end_to_end"]["fastest"]["name"] == e.fastest[0]
     assert set(spec["end_to_end"]["peers"]) == set(e.peers)

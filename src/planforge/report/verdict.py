@@ -188,7 +188,14 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         out["end_to_end"] = {
             "latency": f"{fmt_time(e2e['median_s'])} median, p99 {fmt_time(e2e['p99_s'])} over {e2e['samples']} calls",
             "speed": speed_words(e2e["median_s"], e2e["library"], e2e["library_median_s"]),
-            "shares": e2e.get("shares") or []}
+            "shares": e2e.get("shares") or [],
+            # the runtimes the model was timed against as its user gave it (ONNX Runtime, OpenVINO, torch)
+            "peers": [{"name": k, "time": fmt_time(v["median_s"]), "speed": speed_words(e2e["median_s"], k, v["median_s"]),
+                       "settings": v.get("settings", "")} if "median_s" in v else
+                      {"name": k, "skipped": v.get("skipped", "not timed")}
+                      for k, v in sorted((e2e.get("peers") or {}).items())],
+            "fastest": speed_words(e2e["median_s"], e2e["fastest"]["name"], e2e["fastest"]["median_s"])
+            if e2e.get("fastest") else None}
         saved = e2e["library_median_s"] - e2e["median_s"]
     else:
         saved = sum(s.get("saved_vs_library_s") or 0.0 for s in tasks.values()) if all(
