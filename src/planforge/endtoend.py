@@ -171,20 +171,16 @@ def _percentile(ts: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(ts), q))
 
 
-def measure(plan_fn: Callable[[], Any], library_fn: Callable[[], Any], rounds: int = 3,
-            cfg: TimingConfig = E2E_TIMING, others: dict[str, Callable[[], Any]] | None = None
-            ) -> tuple[list[float], list[float]] | tuple[list[float], list[float], dict[str, list[float]]]:
-    """Single-call times of the plan and the library (and of each of ``others``), interleaved round by round
-    (raw times pooled); the third item, the others' times, only when ``others`` is given."""
-    fns = {"plan": plan_fn, "library": library_fn, **{f"peer {k}": f for k, f in (others or {}).items()}}
-    cfgs = {k: _fitted(f, cfg) for k, f in fns.items()}
-    got: dict[str, list[float]] = {k: [] for k in fns}
+def measure(runners: dict[str, Callable[[], Any]], rounds: int = 3,
+            cfg: TimingConfig = E2E_TIMING) -> dict[str, list[float]]:
+    """Single-call times of each runner (the plan, the library, the model's runtimes), interleaved round by round
+    (raw times pooled), each slow one's rounds capped (``_fitted``)."""
+    cfgs = {k: _fitted(f, cfg) for k, f in runners.items()}
+    got: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(rounds):
-        for k, f in fns.items():
+        for k, f in runners.items():
             got[k].extend(time_fn(f, cfgs[k]))
-    mine, lib = got["plan"], got["library"]
-    more = {k: got[f"peer {k}"] for k in others or {}}
-    return (mine, lib, more) if others is not None else (mine, lib)
+    return got
 
 
 def _fitted(fn: Callable[[], Any], cfg: TimingConfig) -> TimingConfig:
@@ -237,8 +233,10 @@ def end_to_end(workload, results: Sequence[TaskResult], objective: Objective, ta
     fwd = numpy_forward(g)
     run = plan.feed
     peers = _peers(workload, xs, ref[0], tol)
-    mine, lib, more = measure(lambda: run(*xs), lambda: fwd(*xs), rounds,
-                              others={p.name: p.run for p in peers if p.run is not None})
+    timed = [p for p in peers if p.run is not None]
+    more = measure({"plan": lambda: run(*xs), "library": lambda: fwd(*xs), **{p.name: p.run for p in timed}},
+                   rounds)
+    mine, lib = more.pop("plan"), more.pop("library")
     peer_json = {p.name: ({"median_s": float(np.median(more[p.name])), "p99_s": _percentile(more[p.name], 99),
                            "settings": p.settings} if p.run is not None else {"skipped": p.why, "settings": p.settings})
                  for p in peers}
