@@ -51,7 +51,7 @@ def test_elementwise_template_epilogue_is_correct_at_sampled_settings(name, prof
 
 
 @pytest.mark.parametrize("op, dims, name", [("gemm", (9, 33, 17), "tanh"), ("gemv", (40, 24), "silu"),
-                                            ("gemm", (4, 16, 8), "sigmoid")])
+                                            ("gemm", (4, 16, 8), "sigmoid"), ("gemm", (9, 33, 17), "erfgelu")])
 def test_gemm_and_gemv_fused_epilogues(op, dims, name, profile):
     problem = Problem(op, dims, f"bias_{name}")
     t = TEMPLATES[op]
