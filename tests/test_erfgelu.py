@@ -35,6 +35,10 @@ def test_reference_and_library_step_are_the_exact_gelu():
     err = np.abs(out.astype(np.float64) - exact(x.astype(np.float64)))
     assert (err <= 1e-7 * np.abs(x) + 4e-7 * (1 + np.abs(x))).all(), err.max()
     assert out[X == 0.0][0] == 0.0 and np.isfinite(out).all()
+    # in place, as an epilogue step runs it: the same numbers
+    y = x.copy()
+    op.library["erfgelu"].step([y], y, {})()
+    np.testing.assert_array_equal(y, out)
 
 
 @pytest.mark.parametrize("epilogue", ["erfgelu", "bias_erfgelu_add"])

@@ -41,28 +41,29 @@ _SCALAR = (f"{{ float a_ = fabsf(v); float t_ = 1.0f / (1.0f + {P!r}f * a_); "
 
 
 def _step(ins, out, attrs):
-    """The same formula in numpy, in place, with two scratch buffers: four times scipy's erf."""
+    """The same formula in numpy with four scratch buffers: seven times scipy's erf. ``out`` may be the input
+    itself (an epilogue applied in place): everything read from ``x`` is taken before ``out`` is written."""
     x = ins[0]
-    a, t = np.empty_like(out), np.empty_like(out)
+    a, t, u, w = (np.empty_like(out) for _ in range(4))
     p, c = np.float32(P), [np.float32(v) for v in A]
     half = np.float32(0.5)
 
     def run():  # every update through out= (an augmented assignment would make the buffer a local of run)
         np.abs(x, out=a)
+        np.multiply(x, x, out=u)
+        np.multiply(u, -half, out=u)
+        np.exp(u, out=u)               # exp(-x^2 / 2)
+        np.add(x, a, out=w)            # x + |x|: the last read of x
         np.multiply(a, p, out=t)
         np.add(t, 1.0, out=t)
         np.reciprocal(t, out=t)
-        np.multiply(t, c[4], out=out)  # Horner in out, then the Gaussian factor
+        np.multiply(t, c[4], out=out)  # Horner in out
         for k in (3, 2, 1, 0):
             np.add(out, c[k], out=out)
             np.multiply(out, t, out=out)
-        np.multiply(x, x, out=t)
-        np.multiply(t, -half, out=t)
-        np.exp(t, out=t)
-        np.multiply(out, t, out=out)
-        np.multiply(out, a, out=out)   # a q (times 2)
-        np.add(x, a, out=t)
-        np.subtract(t, out, out=out)
+        np.multiply(out, u, out=out)
+        np.multiply(out, a, out=out)   # 2 a q
+        np.subtract(w, out, out=out)
         np.multiply(out, half, out=out)
 
     return run
