@@ -34,19 +34,24 @@ def test_registered_everywhere_from_its_module_alone(name):
     assert np.isfinite(out).all()
 
 
+def eltwise_failures(problem, profile, keep=None):
+    """The eltwise template run at its one-thread settings (the first ``keep``, default all), each checked by
+    the worker against the fp64 reference: (settings, category, message) of those that fail, and the settings."""
+    t = TEMPLATES["eltwise"]
+    cands = [c for c in t.space(problem, limits(profile)).enumerate() if c["threads"] == 1][:keep]
+    be = CpuBackend(problem, t, profile, timing=ONCE)
+    try:
+        outs = be.measure(cands)
+    finally:
+        be.close()
+    return [(c.as_dict(), o.category, o.message[:200]) for c, o in zip(cands, outs) if not o.ok], cands
+
+
 @pytest.mark.parametrize("name", ACTS)
 def test_elementwise_template_epilogue_is_correct_at_sampled_settings(name, profile):
     """The compiled eltwise kernel applies the op's C snippet; the worker checks it against the fp64 reference."""
     for problem in (Problem("eltwise", (7, 37), name), Problem("eltwise", (5, 130), f"bias_{name}_add")):
-        t = TEMPLATES["eltwise"]
-        space = t.space(problem, limits(profile))
-        cands = [c for c in space.enumerate() if c["threads"] == 1][:6]
-        be = CpuBackend(problem, t, profile, timing=ONCE)
-        try:
-            outs = be.measure(cands)
-        finally:
-            be.close()
-        bad = [(c.as_dict(), o.category, o.message[:200]) for c, o in zip(cands, outs) if not o.ok]
+        bad, _ = eltwise_failures(problem, profile, keep=6)
         assert not bad, bad
 
 

@@ -6,16 +6,15 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
+from test_activations import eltwise_failures
+
 from planforge.ir import GraphBuilder
-from planforge.measure import TimingConfig
 from planforge.ops import REGISTRY
 from planforge.ops.kernel import activations, chain_steps, gemm_epilogues
 from planforge.rewrite import saturate
 from planforge.rewrite.analysis import analyse
-from planforge.targets.cpu.kernel import CpuBackend
-from planforge.targets.cpu.templates import TEMPLATES, Problem, limits
+from planforge.targets.cpu.templates import Problem
 
-ONCE = TimingConfig(warmup_s=0.0, budget_s=0.0, min_repeats=1, max_repeats=1)
 X = np.concatenate([np.linspace(-12, 12, 2001), [-100.0, -1e-3, 0.0, 1e-3, 100.0]])
 
 
@@ -45,17 +44,8 @@ def test_reference_and_library_step_are_the_exact_gelu():
 def test_elementwise_template_computes_it_at_sampled_settings(epilogue, profile):
     """Every vector width the machine offers (1, 4, 8, 16 lanes) and a chain: checked by the worker against the
     fp64 reference."""
-    problem = Problem("eltwise", (5, 133), epilogue)
-    t = TEMPLATES["eltwise"]
-    space = t.space(problem, limits(profile))
-    cands = [c for c in space.enumerate() if c["threads"] == 1]
+    bad, cands = eltwise_failures(Problem("eltwise", (5, 133), epilogue), profile)
     assert len({c["vec"] for c in cands}) >= 2
-    be = CpuBackend(problem, t, profile, timing=ONCE)
-    try:
-        outs = be.measure(cands)
-    finally:
-        be.close()
-    bad = [(c.as_dict(), o.category, o.message[:200]) for c, o in zip(cands, outs) if not o.ok]
     assert not bad, bad
 
 
