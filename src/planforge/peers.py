@@ -170,22 +170,28 @@ def _openvino(path: str, xs: Sequence[np.ndarray]) -> tuple[Callable[[], Any] | 
     return run, None
 
 
-def model_peers(graph, xs: Sequence[np.ndarray], ref: np.ndarray, tol: float, compile_torch: bool = False,
-                workdir: str | Path | None = None) -> list[Peer]:
-    """The peers of ``graph``'s original model (none for a graph with no ``source``: a zoo model), bound to
-    inputs ``xs`` and checked against ``ref`` (the first output's fp64 reference) within ``tol``. ``workdir``:
-    where an ONNX file is written when one is needed (default: a temporary folder that lives as long as the
-    process)."""
-    src = getattr(graph, "source", None)
-    if src is None:
-        return []
-    work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="planforge-peers-"))
+def _onnx_peers(src, xs: Sequence[np.ndarray], ref: np.ndarray, tol: float, work: Path) -> list[Peer]:
+    """ONNX Runtime and OpenVINO on the model as ONNX (its file, or one written into ``work``), loaded and checked."""
     peers: list[Peer] = []
     path, why = _onnx_file(src, xs, work)
     for name, make, settings in (("onnxruntime", _ort, "graph optimisations on, default threads"),
                                  ("openvino", _openvino, "latency hint, fp32")):
         run, err = (None, why) if path is None else make(path, xs)
         peers.append(_checked(name, run, ref, tol, settings) if run else Peer(name, None, err, settings))
+    return peers
+
+
+def model_peers(graph, xs: Sequence[np.ndarray], ref: np.ndarray, tol: float, compile_torch: bool = False,
+                workdir: str | Path | None = None) -> list[Peer]:
+    """The peers of ``graph``'s original model (none for a graph with no ``source``: a zoo model), bound to
+    inputs ``xs`` and checked against ``ref`` (the first output's fp64 reference) within ``tol``. ``workdir``:
+    where an ONNX file is written when one is needed (default: a temporary folder, removed once the runtimes
+    have loaded it, so a tuning leaves no exported model behind)."""
+    src = getattr(graph, "source", None)
+    if src is None:
+        return []
+    with tempfile.TemporaryDirectory(prefix="planforge-peers-") as tmp:
+        peers = _onnx_peers(src, xs, ref, tol, Path(workdir) if workdir is not None else Path(tmp))
     if src.kind == "torch":
         try:
             import torch
