@@ -109,11 +109,8 @@ def test_a_slow_runners_end_to_end_rounds_are_capped_not_its_fast_ones():
     def fast():
         calls["fast"] += 1
 
-    t0 = _time.perf_counter()
     got = endtoend.measure({"plan": fast, "library": slow}, rounds=2)
     mine, lib = got["plan"], got["library"]
-    took = _time.perf_counter() - t0
     # the slow one: about ROUND_CAP_S a round (at least MIN_ROUND_SAMPLES calls), not min_repeats x 50 ms
     assert endtoend.MIN_ROUND_SAMPLES * 2 <= len(lib) <= 2 * endtoend.ROUND_CAP_S / 0.05 + 2
     assert len(mine) >= 2 * endtoend.E2E_TIMING.min_repeats  # the fast one keeps its full sample
-    assert took < 2 * endtoend.E2E_TIMING.min_repeats * 0.05  # far less than the uncapped rounds would take
