@@ -4,8 +4,9 @@ Both copy the input once per call into a zero-bordered NHWC scratch (padding and
 the layout change fused into that one pass), so the register tiles run without a bounds check; a
 problem in NCHW also reads its residual through an NHWC copy and writes its output back transposed
 (the e-graph's NHWC forms avoid both). Weights are packed when the kernel is bound (load time):
-``conv`` as [G][blocks of ob vectors of output channels][KH][KW][Cg][ob x vec] (a tile streams one contiguous
-run, which the prefetcher follows; a stride of a whole row of output channels per input channel made deep
+``conv`` as [G][blocks of ob vectors of output channels][blocks of cb input channels][KH][KW][cb][ob x vec] (a
+tile's block of input channels is one contiguous run, which the prefetcher follows; a stride of a whole row of
+output channels per input channel, and then one 4 KiB run per tap and channel block, a page apart, made deep
 layers wait on memory latency), ``dwconv`` as [KH][KW][C rounded up].
 
 ``conv``: per output row, tiles of ``owb`` output columns x ``ob`` vectors of output channels kept in
@@ -204,7 +205,7 @@ def _tile_conv(ob: int, owb: int, unroll: int, vec_ops: str, sc_ops: str) -> str
                      for i in range(owb) for j in range(ob))
     body = []
     for j in range(ob):
-        body.append(f"vf w{j} = vload(wk + (long)c * OBW + {j} * V);")
+        body.append(f"vf w{j} = vload(wk + (long)(c - c0) * OBW + {j} * V);")
     for i in range(owb):
         body.append(f"{{ vf xv = vset(xk[(long){i} * SW * CP + c]); " +
                     " ".join(f"a{i}_{j} = xv * w{j} + a{i}_{j};" for j in range(ob)) + " }")
@@ -232,7 +233,8 @@ static void row(const float *xp, const float *w, const float *scale, const float
                     const float *xr = xp + (((long)n * HP + (long)oh * SH + kh * DH) * WP + (long)ow0 * SW) * CP + g * Cg;
                     for (int kw = 0; kw < KW; kw++) {{
                         const float *xk = xr + (long)kw * DW * CP;
-                        const float *wk = w + ((((long)g * NB + o0 / OBW) * KH + kh) * KW + kw) * Cg * OBW;
+                        const float *wk = w + (((long)g * NB + o0 / OBW) * Cg * KH * KW + (long)c0 * KH * KW
+                                               + (long)(kh * KW + kw) * (c1 - c0)) * OBW;
                         #pragma GCC unroll {unroll}
                         for (int c = c0; c < c1; c++) {{
                             {" ".join(body)}
@@ -385,15 +387,19 @@ def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
         wp[:KH * KW * cp].reshape(KH, KW, cp)[:, :, :C] = np.transpose(w[:, 0], (1, 2, 0))
         sc, sh = (np.zeros(cp + SLACK, np.float32) for _ in range(2))
         sc[:C], sh[:C] = scale, shift
-    else:  # [G][Og in blocks of ob vectors][KH][KW][Cg][ob * V]: a register tile's weights are one contiguous run
+    else:  # [G][Og in blocks of ob vectors][Cg in blocks of cb][KH][KW][cb][ob * V]: in the order the tiles read it
         cp, ogp, obw = C, -(-Og // V) * V, _obv(knobs) * V
         nb = -(-Og // obw)
         n = G * nb * KH * KW * Cg * obw
         wp = np.zeros(n + SLACK, np.float32)
         wg = np.zeros((G, nb * obw, Cg, KH, KW), np.float32)
         wg[:, :Og] = w.reshape(G, Og, Cg, KH, KW)
-        wp[:n].reshape(G, nb, KH, KW, Cg, obw)[...] = np.transpose(wg.reshape(G, nb, obw, Cg, KH, KW),
-                                                                    (0, 1, 4, 5, 3, 2))
+        blocks = wp[:n].reshape(G, nb, Cg * KH * KW * obw)
+        cb = int(knobs.get("cb", Cg))
+        for c0 in range(0, Cg, cb):  # one contiguous run per channel block: the prefetcher streams it
+            c1 = min(Cg, c0 + cb)
+            blocks[:, :, c0 * KH * KW * obw: c1 * KH * KW * obw] = np.transpose(
+                wg[:, :, c0:c1].reshape(G, nb, obw, c1 - c0, KH, KW), (0, 1, 4, 5, 3, 2)).reshape(G, nb, -1)
         sc, sh = (np.zeros(G * ogp + SLACK, np.float32) for _ in range(2))
         for k in range(G):
             sc[k * ogp: k * ogp + Og] = scale[k * Og:(k + 1) * Og]
