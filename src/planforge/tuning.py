@@ -327,25 +327,34 @@ def _task_search(db: Records, run_id: str, workload: Workload, task: Task, strat
     choice of strategy by."""
     if task.seeds:
         options = {**options, "initial": list(task.seeds)}
-    screen = Funnel(task.cost_model if funnel else None, min_k=4 * (budget.evals or 16)).screen(task.space)
-    space = screen.space
     driver = task.backend.fingerprint
 
-    def strategy_for(target: str) -> Strategy:
-        # each device fingerprint's search: the same strategy and seed, its own state; warm-started from the
-        # sources given, or (auto) from this task on other devices and nearby shapes in the records
+    def warm_on(space, target: str) -> WarmStart | None:
+        # the sources given, or (auto) this task on other devices and nearby shapes in the records
         if sources is not None:
             try:
-                warm = WarmStart(space, sources)
+                return WarmStart(space, sources)
             except WarmError:
                 if len(workload.tasks) == 1:
                     raise
-                warm = None  # the sources are another task's
-        else:
-            warm = auto_warm(db, space, task.key, target, run_id) if strategy == "auto" else None
+                return None  # the sources are another task's
+        return auto_warm(db, space, task.key, target, run_id) if strategy == "auto" else None
+
+    # the funnel keeps the sources' best configurations beside its roofline top-k (the warm stage)
+    screen = Funnel(task.cost_model if funnel else None, min_k=4 * (budget.evals or 16),
+                    warm=warm_on(task.space, driver) if funnel else None,
+                    warm_k=budget.evals or 32).screen(task.space)
+    space = screen.space
+
+    def strategy_for(target: str) -> Strategy:
+        # each device fingerprint's search: the same strategy and seed, its own state, its own warm start
+        warm = warm_on(space, target)
         strat = make_strategy(strategy, space, seed, budget=hint, cost_model=task.cost_model, warm=warm, **options)
-        # learned models start from this template's earlier runs on this device (a no-op for the others)
-        strat.warm_start(history(db, target, task.key, space.names, exclude_run=run_id))
+        # learned models start from this template's earlier runs on this device (a no-op for the others),
+        # less the tasks the warm start hands them already (one query group each, not two)
+        given = {lbl.rsplit(" on ", 1)[0] for lbl in (warm.labels if warm else ()) if lbl.endswith(f" on {target}")}
+        strat.warm_start([r for r in history(db, target, task.key, space.names, exclude_run=run_id)
+                          if r[0].split("@", 1)[0] not in given])
         return strat
 
     def cache_for(target: str):  # a resumed run takes each fingerprint's own outcomes

@@ -1,4 +1,4 @@
-"""The L0 funnel: restrictions -> capacity -> roofline bound -> cost-model top-k -> measured.
+"""The L0 funnel: restrictions -> capacity -> roofline bound -> cost-model top-k (+ warm) -> measured.
 
 Every stage is counted. ``Funnel.screen(space)`` does the static part once,
 before anything is measured: it finds the valid points (restrictions), drops
@@ -10,6 +10,12 @@ asked about each proposal before it is measured and refuses one whose lower
 bound is already slower than the best measured so far (the roofline stage).
 ``Screen.stages`` reports the counts, from the whole space down to what was
 measured; the roofline count is taken against the final incumbent.
+
+A warm start (earlier tunings of the same kernel at another shape or on
+another device, ``search.warm.WarmStart``) adds a stage after the top-k: the
+configurations the sources rank best that pass capacity are kept beside the
+roofline's top-k, since the target's roofline would otherwise cut most of
+another shape's best configurations before the search could learn from them.
 
 A task without an analytic model (``Analytic``: ``evaluate``, ``lower_bound``...)
 still has a funnel: space -> restrictions -> measured.
@@ -53,6 +59,14 @@ class Analytic(Protocol):
     def lower_bound(self, candidates: Sequence[Candidate]) -> list[float]: ...
 
     def features_of(self, e: Any) -> np.ndarray: ...
+
+
+@runtime_checkable
+class Ranking(Protocol):
+    """What the warm stage keeps by: points of the screened space (mixed-radix integers), best first
+    (``search.warm.WarmStart.order``: the sources' measured points interleaved by rank)."""
+
+    def order(self) -> list[int]: ...
 
 
 class Subspace(Space):
@@ -113,6 +127,7 @@ class Screen:
     margin: float = 0.0
     pruned: int = 0
     seconds: float = 0.0
+    warm: dict[str, int] | None = None  # the warm stage: ranked (considered), in_top_k, added, unfit
 
     def bound(self, c: Candidate) -> float | None:
         b = self.bounds.get(c.fingerprint)
@@ -140,6 +155,8 @@ class Screen:
             kept = int(np.sum(self.kept_bounds <= lim)) if self.kept_bounds is not None else self.counts["top-k"]
             out = [o for o in out if o["stage"] != "top-k"]
             out += [{"stage": "roofline", "count": fit}, {"stage": "top-k", "count": min(kept, fit)}]
+            if self.warm is not None:  # what the search may draw from: the top-k and the warm stage's additions
+                out.append({"stage": "warm", "count": min(kept, fit) + self.warm["added"], **self.warm})
         out.append({"stage": "measured", "count": int(measured)})
         return out
 
@@ -170,6 +187,11 @@ class Funnel:
             measured, the incumbent's time is noisy, and a wrong refusal costs
             more than a wasted measurement).
         limit: the largest cross product scored whole (default 2e7 points).
+        warm: a warm start's ranking (``Ranking``; default None: no warm
+            stage): its first ``warm_k`` points that pass capacity are kept
+            beside the top-k.
+        warm_k: how many of the warm ranking's points the warm stage keeps
+            (default 32; the driver passes the evaluation budget).
     """
 
     model: Any = None  # see ``screen``: only an Analytic model cuts
@@ -177,12 +199,16 @@ class Funnel:
     min_k: int = 0
     margin: float = 0.1
     limit: int = 20_000_000
+    warm: Ranking | None = None
+    warm_k: int = 32
 
     def __post_init__(self):
         if self.top_k <= 0 or (self.top_k >= 1 and self.top_k != int(self.top_k)):
             raise ValueError(f"funnel top_k must be a fraction in (0, 1) or a positive count, got {self.top_k}")
         if self.margin < 0:
             raise ValueError(f"funnel margin must be >= 0, got {self.margin}")
+        if self.warm_k < 0:
+            raise ValueError(f"funnel warm_k must be >= 0, got {self.warm_k}")
 
     def k_of(self, n: int) -> int:
         k = math.ceil(self.top_k * n) if self.top_k < 1 else int(self.top_k)
@@ -205,9 +231,41 @@ class Funnel:
         order = fit[np.lexsort((np.arange(len(fit)), est.predicted_s[fit]))]  # stable: ties keep space order
         keep = order[: self.k_of(len(fit))]
         counts["top-k"] = len(keep)
-        ints = ravel(idx[keep], space)
+        added, warm = self._warm_stage(ravel(idx, space), est.fits, keep)
+        rows = np.concatenate([keep, added])  # the warm stage's points after the top-k, in its order
+        ints = ravel(idx[rows], space)
         sub = Subspace(space, ints.tolist())
-        bounds = {sub.candidate(sub.from_int(int(n))).fingerprint: float(b)
-                  for n, b in zip(ints, est.bound_s[keep])}
+        bounds = {sub.candidate(sub.from_int(int(n))).fingerprint: float(b) for n, b in zip(ints, est.bound_s[rows])}
         return Screen(sub, counts, self.model, bounds, est.bound_s[fit].copy(), est.bound_s[keep].copy(),
-                      self.margin, seconds=time.perf_counter() - t0)
+                      self.margin, seconds=time.perf_counter() - t0, warm=warm)
+
+    def _warm_stage(self, valid: np.ndarray, fits: np.ndarray, keep: np.ndarray
+                    ) -> tuple[np.ndarray, dict[str, int] | None]:
+        """Rows of ``valid`` (the valid points' integers) that the warm ranking adds to ``keep``:
+        its first ``warm_k`` points that are valid and fit, less those the top-k holds already; and the
+        stage's report (None without a warm ranking)."""
+        if self.warm is None:
+            return np.zeros(0, dtype=np.int64), None
+        top = set(keep.tolist())
+        by = np.argsort(valid, kind="stable")  # a custom space lists its valid points in its own order
+        sorted_valid = valid[by]
+        added: list[int] = []
+        ranked = unfit = in_top = 0
+        for n in self.warm.order():
+            if ranked >= self.warm_k:
+                break
+            at = int(np.searchsorted(sorted_valid, n))
+            if at >= len(valid) or sorted_valid[at] != n:
+                continue  # not a valid point of this space (a source's own value or restriction)
+            pos = int(by[at])
+            if not fits[pos]:
+                unfit += 1
+                continue
+            ranked += 1
+            if pos in top:
+                in_top += 1
+            else:
+                top.add(pos)
+                added.append(pos)
+        return np.array(added, dtype=np.int64), {"ranked": ranked, "in_top_k": in_top, "added": len(added),
+                                                 "unfit": unfit}
