@@ -1,10 +1,15 @@
 """adaptive_avg_pool2d: the mean over ``out`` (OH, OW) bins of an NCHW input, bin i spanning
-[floor(i H / OH), ceil((i + 1) H / OH)) as torch defines it; (1, 1) is the global average pool."""
+[floor(i H / OH), ceil((i + 1) H / OH)) as torch defines it; (1, 1) is the global average pool.
+
+The global pool has an NHWC twin (``global_avg_pool_nhwc``, e-graph only: [N, H, W, C] -> [N, 1, 1, C]) and a
+``layout`` rule ``adaptive_avg_pool2d(nchw(x)) = nchw(global_avg_pool_nhwc(x))`` at (1, 1), so that the last
+feature map of an NHWC chain is averaged where it lies, and only the [N, C] result changes layout."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
+from egglog import rewrite
 
 from .base import Library, Op, ints, need
 
@@ -57,7 +62,33 @@ def _onnx(em, node, ins, at, opset):
     return em.node("adaptive_avg_pool2d", [ins[0]], node.output[0], out=(1, 1))
 
 
-OPS = [Op(
+def _gap_shape(s, attrs):
+    x = s[0]
+    need(len(x) == 4, f"the NHWC global average pool needs an NHWC input, got {x}")
+    return (x[0], 1, 1, x[3])
+
+
+def _gap_step(ins, out, attrs):
+    x = ins[0]
+    flat = out.reshape(out.shape[0], out.shape[3])
+    inv = np.float32(1.0 / (x.shape[1] * x.shape[2]))
+
+    def run():
+        np.sum(x.reshape(x.shape[0], -1, x.shape[3]), axis=1, out=flat)
+        np.multiply(flat, inv, out=flat)
+    return run
+
+
+def _layout(E, v):
+    nchw = lambda t: E("transpose", t, attr="0,3,1,2")  # noqa: E731 (conv_fused's NHWC -> NCHW)
+    return {"layout": [rewrite(E("adaptive_avg_pool2d", nchw(v.x), attr="1,1")).to(
+        nchw(E("global_avg_pool_nhwc", v.x)))]}
+
+
+OPS = [Op("global_avg_pool_nhwc", 1, _gap_shape, lambda a, attrs: a[0].mean(axis=(1, 2), keepdims=True),
+          library={"global_avg_pool_nhwc": Library(_gap_step, passes=2)}, rules=_layout,
+          flops=lambda s, out, attrs: float(math.prod(s[0])), internal=True,
+          doc="the mean over H and W of an NHWC input (the layout rules' global average pool)"), Op(
     "adaptive_avg_pool2d", 1, shape, reference,
     library={"adaptive_avg_pool2d": Library(_step, passes=2)},
     egg_attr=lambda at: ",".join(map(str, at["out"])),

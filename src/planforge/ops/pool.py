@@ -1,10 +1,15 @@
 """maxpool2d and avgpool2d over NCHW windows: ``kernel`` (KH, KW), ``stride``, ``pads`` (top, left, bottom, right),
-``dilation`` (max only), ``ceil_mode``; avgpool's ``count_include_pad`` says whether padding counts in the mean."""
+``dilation`` (max only), ``ceil_mode``; avgpool's ``count_include_pad`` says whether padding counts in the mean.
+
+Each has an NHWC twin (``maxpool2d_nhwc``, ``avgpool2d_nhwc``, e-graph only) and a ``layout`` rule that moves a pool
+behind the transpose of an NHWC input (``pool(nchw(x)) = nchw(pool_nhwc(x))``), so that a pool between two NHWC
+convolutions (ResNet's stem) needs no transpose: the one before it and the one after it cancel."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
+from egglog import rewrite
 
 from .base import Library, Op, ints, need
 
@@ -46,20 +51,26 @@ def shape(s, attrs):
     return (x[0], x[1], oh, ow)
 
 
-def _windows(xp, attrs, oh, ow):
+def _windows(xp, attrs, oh, ow, nhwc=False):
     """Each window position's strided view of the padded input, one per kernel offset."""
     kh, kw, sh, sw, _, _, _, _, dh, dw = _geom(attrs)
     for i in range(kh):
         for j in range(kw):
-            yield xp[:, :, i * dh: i * dh + sh * (oh - 1) + 1: sh, j * dw: j * dw + sw * (ow - 1) + 1: sw]
+            hs = slice(i * dh, i * dh + sh * (oh - 1) + 1, sh)
+            ws = slice(j * dw, j * dw + sw * (ow - 1) + 1, sw)
+            yield xp[:, hs, ws, :] if nhwc else xp[:, :, hs, ws]
 
 
-def _padded(x, attrs, oh, ow, fill):
+def _padded(x, attrs, oh, ow, fill, nhwc=False):
     kh, kw, sh, sw, pt, pl, pb, pr, dh, dw = _geom(attrs)
-    H = max(x.shape[2] + pt + pb, (oh - 1) * sh + dh * (kh - 1) + 1)
-    W = max(x.shape[3] + pl + pr, (ow - 1) * sw + dw * (kw - 1) + 1)
+    h, w = (x.shape[1], x.shape[2]) if nhwc else (x.shape[2], x.shape[3])
+    H = max(h + pt + pb, (oh - 1) * sh + dh * (kh - 1) + 1)
+    W = max(w + pl + pr, (ow - 1) * sw + dw * (kw - 1) + 1)
+    if nhwc:
+        xp = np.full((x.shape[0], H, W, x.shape[3]), fill, x.dtype)
+        return xp, xp[:, pt:pt + h, pl:pl + w, :]
     xp = np.full(x.shape[:2] + (H, W), fill, x.dtype)
-    return xp, xp[:, :, pt:pt + x.shape[2], pl:pl + x.shape[3]]
+    return xp, xp[:, :, pt:pt + h, pl:pl + w]
 
 
 def _counts(x_shape, attrs, oh, ow, dtype):
@@ -91,13 +102,17 @@ def avg_ref(a, attrs):
     return sum(_windows(xp, attrs, oh, ow)) / _counts(x.shape, attrs, oh, ow, x.dtype)
 
 
-def _step(kind):
+def _step(kind, nhwc=False):
     def step(ins, out, attrs):
         x = ins[0]
-        oh, ow = out.shape[2], out.shape[3]
-        xp, inner = _padded(x.astype(np.float32, copy=False), attrs, oh, ow, -np.inf if kind == "max" else 0.0)
-        views = list(_windows(xp, attrs, oh, ow))
-        inv = None if kind == "max" else (1.0 / _counts(x.shape, attrs, oh, ow, np.float64)).astype(np.float32)
+        oh, ow = (out.shape[1], out.shape[2]) if nhwc else (out.shape[2], out.shape[3])
+        xp, inner = _padded(x.astype(np.float32, copy=False), attrs, oh, ow, -np.inf if kind == "max" else 0.0, nhwc)
+        views = list(_windows(xp, attrs, oh, ow, nhwc))
+        inv = None
+        if kind != "max":
+            nchw_shape = (x.shape[0], x.shape[3], x.shape[1], x.shape[2]) if nhwc else x.shape
+            inv = (1.0 / _counts(nchw_shape, attrs, oh, ow, np.float64)).astype(np.float32)
+            inv = np.transpose(inv, (0, 2, 3, 1)) if nhwc else inv
         f = np.maximum if kind == "max" else np.add
 
         def run():
@@ -179,7 +194,35 @@ def _flops(s, out, attrs):
     return float(math.prod(out) * kh * kw)
 
 
-OPS = [
+def _nhwc(f):
+    """An NCHW function of one input as the NHWC one: ``f`` on the transposed input, transposed back."""
+    return lambda a, attrs: np.transpose(f([np.transpose(a[0], (0, 3, 1, 2))], attrs), (0, 2, 3, 1))
+
+
+def _nhwc_shape(s, attrs):
+    x = s[0]
+    need(len(x) == 4, f"2-D NHWC pooling needs an NHWC input, got {x}")
+    n, c, oh, ow = shape([(x[0], x[3], x[1], x[2])], attrs)
+    return (n, oh, ow, c)
+
+
+def _layout(E, v):
+    """``pool(nchw(x)) = nchw(pool_nhwc(x))`` for both pools (the transposes' attributes are ``conv_fused``'s)."""
+    def nchw(t):
+        return E("transpose", t, attr="0,3,1,2")
+
+    return {"layout": [rewrite(E(f"{k}pool2d", nchw(v.x), attr=v.s)).to(nchw(E(f"{k}pool2d_nhwc", v.x, attr=v.s)))
+                       for k in ("max", "avg")]}
+
+
+NHWC_OPS = [
+    Op(f"{k}pool2d_nhwc", 1, _nhwc_shape, _nhwc(ref), library={f"{k}pool2d_nhwc": Library(_step(k, True),
+                                                                                           passes=lambda at: 9)},
+       egg_attr=_egg, from_egg=_from_egg, flops=_flops, internal=True, rules=_layout if k == "max" else None,
+       doc=f"2-D {k} pooling of an NHWC input (the layout rules' form)")
+    for k, ref in (("max", max_ref), ("avg", avg_ref))]
+
+OPS = NHWC_OPS + [
     Op("maxpool2d", 1, shape, max_ref, library={"maxpool2d": Library(_step("max"), passes=lambda at: 9)},
        egg_attr=_egg, from_egg=_from_egg, flops=_flops,
        torch={"max_pool2d": _torch("max"), "max_pool2d_with_indices": _torch("max")},
