@@ -366,3 +366,88 @@ def test_each_fixed_orders_plan_seeds_the_e_graphs_search(tmp_path, profile):
 
     res = planforge.tune(graph_workload(g, "cbr"), budget=1, out=tmp_path / "t")
     assert res.spec["tasks"]["graph"]["search"]["evaluations"] == 1
+
+
+# -- im2col + GEMM, NHWC pooling ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("C, O, k, s, pads, d, g", [
+    (5, 7, 3, 1, (1, 1, 1, 1), 1, 1), (6, 4, 3, 2, (1, 0, 1, 2), 1, 2), (3, 8, 7, 2, (3, 3, 3, 3), 1, 1),
+    (4, 6, 3, 1, (2, 2, 2, 2), 2, 1)])
+def test_im2col_and_gemm_are_the_convolution(C, O, k, s, pads, d, g):
+    from planforge.ops.conv2d import conv_ref
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, C, 11, 9))
+    w, b = rng.standard_normal((O, C // g, k, k)), rng.standard_normal(O)
+    at = {"kernel": (k, k), "stride": (s, s), "pads": pads, "dilation": (d, d), "groups": g}
+    want = np.maximum(conv_ref(x, w, b, at), 0).transpose(0, 2, 3, 1)
+    xn = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    cols_op, wt_op, gemm = REGISTRY["im2col"], REGISTRY["conv_wt_hwc"], REGISTRY["conv_gemm"]
+    cols, wt = cols_op.reference([xn], at), wt_op.reference([w], {})
+    ga = {**at, "act": "relu"}
+    assert gemm.shape([cols.shape, wt.shape, b.shape], ga) == want.shape
+    assert np.abs(gemm.reference([cols, wt, b], ga) - want).max() < 1e-12 * (1 + np.abs(want).max())
+    # the library steps, in fp32
+    c32 = np.empty(cols.shape, np.float32)
+    cols_op.library["im2col"].step([xn.astype(np.float32)], c32, at)()
+    assert np.abs(c32 - cols).max() < 1e-6
+    y = np.empty(want.shape, np.float32)
+    gemm.library["conv_gemm"].step([c32, wt.astype(np.float32), b.astype(np.float32)], y, ga)()
+    assert np.abs(y - want).max() < 1e-5 * (1 + np.abs(want).max())
+    with pytest.raises(ValueError, match="do not fit"):
+        gemm.shape([cols.shape, (wt.shape[0] + 1, O), b.shape], ga)
+
+
+def test_every_nhwc_convolution_is_also_an_im2col_gemm_that_a_plan_runs():
+    from planforge.space.genome import Genome
+    from planforge.targets.cpu.plan import Plan
+
+    g = ZOO["conv-bn-relu"]()
+    eg = saturate(g, RULES)
+    a = analyse(eg, g)
+    nodes = [n for ns in eg.classes.values() for n in ns if n.id not in a.unavailable]
+    gemms = [a.problem(n) for n in nodes if n.impl == "tmpl" and n.args[0] == "conv_gemm"]
+    assert any(p.op == "gemm" and p.epilogue == "bias_relu" and p.dims[2] == 9 * g.inputs["x"][1] for p in gemms)
+    # a library plan through im2col + GEMM (every other convolution form dear) matches the reference
+    allowed = usable(eg, {c: [n.id for n in ns if n.impl in ("leaf", "lib") and n.id not in a.unavailable]
+                          for c, ns in eg.classes.items()})
+    cheap = {"im2col": 1.0, "conv_gemm": 1.0, "transpose": 1.0, "bn_fold_w": 0.0, "bn_fold_b": 0.0, "conv_wt_hwc": 0.0}
+    costs = {nid: (0.0 if not eg.node(nid).args else cheap.get(eg.node(nid).args[0], 50.0))
+             for ns in allowed.values() for nid in ns}
+    choice = greedy(eg, costs, allowed)
+    assert {"im2col", "conv_gemm", "conv_wt_hwc"} <= _used(eg, choice)
+    genome = Genome.build(eg, a, allowed, choice, knob_space=lambda p: None, defaults=lambda p: {})
+    plan = Plan(g, genome.program({}), {}, {})
+    xs = g.example_inputs(1)
+    (ref,) = g.evaluate(*xs)
+    assert np.abs(plan(*xs)[0] - ref).max() < 1e-4 * (1 + np.abs(ref).max())
+
+
+@pytest.mark.parametrize("name, attrs, shape", [
+    ("maxpool2d", {"kernel": (3, 3), "stride": (2, 2), "pads": (1, 1, 1, 1), "ceil_mode": True}, (1, 3, 8, 9)),
+    ("avgpool2d", {"kernel": (2, 3), "stride": (2, 1), "pads": (1, 1, 0, 1), "count_include_pad": False},
+     (2, 2, 7, 6)),
+    ("avgpool2d", {"kernel": (3, 3), "stride": (2, 2), "pads": (1, 1, 1, 1), "ceil_mode": True}, (1, 3, 8, 9)),
+    ("adaptive_avg_pool2d", {"out": (1, 1)}, (2, 5, 7, 3)),
+])
+def test_nhwc_pools_are_their_nchw_forms_transposed(name, attrs, shape):
+    x = np.random.default_rng(5).standard_normal(shape)
+    want = REGISTRY[name].reference([x], attrs).transpose(0, 2, 3, 1)
+    op = REGISTRY["global_avg_pool_nhwc" if name.startswith("adaptive") else name + "_nhwc"]
+    xn = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    assert np.abs(op.reference([xn], attrs) - want).max() < 1e-12
+    out = np.empty(op.shape([xn.shape], attrs), np.float32)
+    op.library[op.name].step([xn.astype(np.float32)], out, attrs)()
+    assert np.abs(out - want).max() < 1e-5 * (1 + np.abs(want).max())
+
+
+def test_a_pool_between_nhwc_convolutions_needs_no_transpose():
+    g = ZOO["resnet-tiny"]()
+    eg = saturate(g, RULES)
+    conv_classes = {n.eclass for ns in eg.classes.values() for n in ns if n.impl == "tmpl"
+                    and n.args[0].startswith("conv") and n.args[0].endswith("_nhwc")}
+    pools = [n for ns in eg.classes.values() for n in ns if n.impl == "lib" and n.args[0] == "maxpool2d_nhwc"]
+    assert any(n.children[0] in conv_classes for n in pools)
+    pooled = {n.eclass for n in pools}
+    assert any(n.children[0] in pooled for ns in eg.classes.values() for n in ns if n.impl == "tmpl"
+               and n.args[0].endswith("_nhwc"))  # and the next convolution reads it in NHWC
