@@ -154,7 +154,8 @@ MODELS = {"resnet18": ResNet18, "mobilenet_v2": MobileNetV2, "mobilenet_v3_small
 
 # -- the runners -----------------------------------------------------------------------------------------------------
 
-def runners(name: str, size: int, budget: int, compile_: bool, tmp: Path) -> tuple[dict, dict]:
+def runners(name: str, size: int, budget: int, compile_: bool, tmp: Path, keep: str = "",
+            spec: str = "") -> tuple[dict, dict]:
     torch.manual_seed(0)
     m = _bn_random(MODELS[name]())
     x = torch.randn(1, 3, size, size)
@@ -202,18 +203,58 @@ def runners(name: str, size: int, budget: int, compile_: bool, tmp: Path) -> tup
         fns["OpenVINO"] = lambda: req.infer({0: xn})
     except ImportError:
         info["openvino"] = "not installed"
-    from planforge.api import tune
+    from planforge.api import load, tune
+    from planforge.ir import from_torch
 
-    t0 = time.perf_counter()
-    res = tune(m, example_inputs=(x,), budget=budget, out=tmp / f"pf-{name}-{size}")
-    info["tune_s"] = time.perf_counter() - t0
-    info["tasks"] = len(res.spec["tasks"])
-    plan = res.plan
+    if spec:  # a plan tuned before (``--keep``): loaded, not tuned again
+        plan = load(Path(spec) / f"pf-{name}-{size}" / "spec.json", graph=from_torch(m, (x,)))
+        info["tune_s"], info["tasks"] = float("nan"), len(plan.spec["tasks"])
+    else:
+        t0 = time.perf_counter()
+        res = tune(m, example_inputs=(x,), budget=budget, out=(Path(keep) if keep else tmp) / f"pf-{name}-{size}")
+        info["tune_s"] = time.perf_counter() - t0
+        info["tasks"] = len(res.spec["tasks"])
+        plan = res.plan
     (got,) = plan(xn)
     info["max_err"] = float(np.abs(got - want).max())
     info["ref_max"] = float(np.abs(want).max())
     fns["planforge"] = lambda: plan(xn)
+    info["plan"] = plan
     return fns, info
+
+
+def _step_names(plan) -> list[str]:
+    """One label per bound step of a ``Plan``, in the order of ``plan.steps`` (the same filter as its binding)."""
+    by_cls = {s["cls"]: s for s in plan.program}
+    names = []
+    for s in plan.program:
+        c = s["cls"]
+        if c not in plan.views or s["op"] == "T.input" or (s["op"] == "lib1" and s["args"][0] == "reshape"
+                                                         and s["inputs"][0] not in plan.constants):
+            continue
+        kind = s["args"][0] if s["args"] else s["op"]
+        shapes = ",".join("x".join(map(str, by_cls[i]["shape"] or ())) for i in s["inputs"] if i in by_cls)
+        knobs = s.get("knobs") or {}
+        names.append(f"{s['op']} {kind} [{shapes}] -> {'x'.join(map(str, s['shape']))}"
+                     + (f" {knobs}" if knobs else ""))
+    return names
+
+
+def profile(plan, xn, reps: int = 15) -> list[tuple[float, str]]:
+    """Each step's median time (s) over ``reps`` calls, on the values of one whole call, slowest first."""
+    plan(xn)
+    plan = getattr(plan, "plan", plan)  # planforge.load's LoadedPlan holds the ChainPlan (or Plan) it runs
+    rows = []
+    parts = plan.parts if hasattr(plan, "parts") else [(plan, (), ())]
+    for k, (p, _, _) in enumerate(parts):
+        for name, f in zip(_step_names(p), p.steps):
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                f()
+                ts.append(time.perf_counter() - t0)
+            rows.append((float(np.median(ts)), f"part {k}: {name}"))
+    return sorted(rows, reverse=True)
 
 
 def main(argv=None):
@@ -224,12 +265,22 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", default="")
+    ap.add_argument("--keep", default="", help="write the tuning outputs (spec, report) under this folder")
+    ap.add_argument("--spec", default="", help="load the plans a --keep run wrote there instead of tuning")
+    ap.add_argument("--profile", action="store_true", help="print each tuned step's median time, slowest first")
     args = ap.parse_args(argv)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             for size in (int(s) for s in args.sizes.split(",")):
-                fns, info = runners(name, size, args.budget, not args.no_compile, Path(tmp))
+                fns, info = runners(name, size, args.budget, not args.no_compile, Path(tmp), args.keep,
+                                     args.spec)
+                plan = info.pop("plan")
+                if args.profile:
+                    rows = profile(plan, np.random.default_rng(0).standard_normal((1, 3, size, size), np.float32))
+                    print(f"\n{name} {size}: steps, sum {sum(t for t, _ in rows) * 1e3:.2f} ms")
+                    for t, label in rows:
+                        print(f"  {t * 1e3:8.3f} ms  {label}")
                 med = interleaved(fns, args.rounds, 0.05)
                 libs = [med[k] for k in ("ONNX Runtime", "OpenVINO") if k in med]
                 ratio = med["planforge"] / min(libs) if libs else float("nan")
