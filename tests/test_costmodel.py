@@ -9,9 +9,9 @@ import pytest
 from planforge.targets.table import TableBackend
 from planforge.costmodel import spearman, top_k_recall
 from planforge.costmodel.analytic import AnalyticModel, Ceilings
-from planforge.costmodel.columns import index_columns, ravel, valid_points
+from planforge.costmodel.columns import index_columns, ravel, shape_columns, valid_points
 from planforge.costmodel.funnel import Funnel, Subspace, pruned_fraction
-from planforge.costmodel.learned import LearnedRanker, grades
+from planforge.costmodel.learned import LearnedRanker, grades, task_dims
 from planforge.targets.cpu.templates import TEMPLATES, Problem, flops
 from planforge.search import Budget, STRATEGIES, make_strategy, search
 from planforge.space import Space, categorical, int_range, pow2
@@ -191,6 +191,40 @@ def test_roofline_stage_never_refuses_a_point_that_could_win():
     assert "roofline" in screen.admit(worst, best)
 
 
+class _Order:
+    def __init__(self, ints):
+        self.ints = list(ints)
+
+    def order(self):
+        return self.ints
+
+
+def test_funnel_warm_stage_keeps_the_sources_best_beside_the_top_k():
+    m, space = model_for("gemv", (512, 256))
+    cold = Funnel(m, top_k=0.05, margin=0.0).screen(space)
+    top = set(cold.space.valid_ints())
+    cands = list(space.enumerate())
+    pred = m.predict(cands)
+    fitting = [c for c, p in zip(cands, pred) if math.isfinite(p)]
+    unfit = [c for c, p in zip(cands, pred) if not math.isfinite(p)]
+    outside = [space.to_int(c.index) for c in fitting if space.to_int(c.index) not in top][-6:]  # predicted worst
+    inside = [n for n in cold.space.valid_ints()][:2]
+    order = [space.to_int(unfit[0].index)] if unfit else []
+    order += [*outside[:3], inside[0], 10**12, *outside[3:], inside[1]]  # an invalid point is skipped
+    screen = Funnel(m, top_k=0.05, margin=0.0, warm=_Order(order), warm_k=6).screen(space)
+    kept = screen.space.valid_ints()
+    assert kept[:len(top)] == cold.space.valid_ints()  # the top-k first, in its order
+    assert kept[len(top):] == outside[:5]  # then the warm ranking's first six that fit, less the one kept already
+    assert screen.warm == {"ranked": 6, "in_top_k": 1, "added": 5, "unfit": 1 if unfit else 0}
+    stages = screen.stages(0, None)
+    assert [s["stage"] for s in stages][-3:] == ["top-k", "warm", "measured"]
+    assert stages[-2]["count"] == len(top) + 5 and stages[-2]["added"] == 5
+    assert all(screen.bound(screen.space.candidate(screen.space.from_int(n))) > 0 for n in kept)
+    assert Funnel(m, top_k=0.05, warm=_Order([]), warm_k=6).screen(space).warm["added"] == 0
+    with pytest.raises(ValueError, match="warm_k"):
+        Funnel(m, warm_k=-1)
+
+
 def test_funnel_without_a_model_counts_restrictions_only():
     s = Space([int_range("a", 0, 9)], ["a % 2 == 0"])
     screen = Funnel(None).screen(s)
@@ -248,6 +282,42 @@ def test_learned_ranker_waits_for_data():
         r.predict(c)
 
 
+def test_task_dims_and_shape_columns():
+    assert task_dims("gemm_256x1024x2048_bias_relu on 6176") == (256, 1024, 2048)
+    assert task_dims("gemv_2048x2048_none@run-1") == (2048, 2048) and task_dims("drill") is None
+    s = Space([pow2("t", 4, 64), categorical("flag", [0, 1]), categorical("o", ["a", "b", "c"])])
+    c = [s.make({"t": 4, "flag": 1, "o": "a"}), s.make({"t": 64, "flag": 0, "o": "c"})]
+    x = shape_columns(s, c, (32, 100))  # sizes, then t's tile counts along each (flag and o are not tiles)
+    assert x.tolist() == [[5, math.log2(100), 3, math.log2(25)], [5, math.log2(100), 0, 1]]
+
+
+def test_learned_ranker_describes_other_shapes_rows_by_their_own_shape():
+    """Trained only on another shape's times (one query group named by its task key), the ranker orders
+    this shape's points well, where reading those rows as this shape's (a group without a shape in its
+    name) does not: the gemv's best block width depends on the shape."""
+    ms, ss = model_for("gemv", (512, 256))
+    mt, st = model_for("gemv", (1024, 512))
+    rng = random.Random(0)
+    cs, tabs = truth(ms, ss)
+    ct, tabt = truth(mt, st)
+    fit_s = [c for c in cs if math.isfinite(ms.predict([c])[0])]
+    fit_t = [c for c in ct if math.isfinite(mt.predict([c])[0])]
+    sample, test = rng.sample(fit_s, 64), rng.sample(fit_t, 300)
+    meas = [tabt[c.fingerprint] for c in test]
+    rho = {}
+    for group in ("gemv_512x256_none on another-device", "elsewhere"):
+        r = LearnedRanker(st, mt, seed=0)
+        assert r.add_configs([(group, c.as_dict(), tabs[c.fingerprint]) for c in sample]) == 64 and r.fit()
+        rho[group] = spearman(r.predict(test), meas)
+    assert rho["gemv_512x256_none on another-device"] > 0.85 > rho["elsewhere"] + 0.2
+    r = LearnedRanker(st, mt, seed=0)
+    src = [st.make(c.as_dict()) for c in sample[:3]]
+    at = mt.at((512, 256))
+    assert at.dims == ms.dims and at.useful == pytest.approx(ms.useful)
+    assert np.array_equal(r.encode(src, (512, 256)), r.encode(src, ms.dims))
+    assert not np.array_equal(r.encode(src, (512, 256)), r.encode(src))  # its own shape, not this one
+
+
 # -- model-guided search ------------------------------------------------------------------------------------
 def evals_to_best(space, table, strategy, seed, budget=120, **opts):
     best = min(table.values())
@@ -297,7 +367,8 @@ def test_model_guided_with_the_analytic_model_starts_from_its_best():
     first = strat.ask(4)
     pred = m.predict(cands)
     assert [c.fingerprint for c in first] == [cands[i].fingerprint for i in np.argsort(pred, kind="stable")[:4]]
-    assert strat.ranker.encode(first).shape[1] == len(space.knobs) + len(m.feature_names())
+    # then the two sizes and the tile counts of vec, jb, ksplit and unroll along each
+    assert strat.ranker.encode(first).shape[1] == len(space.knobs) + len(m.feature_names()) + 2 + 4 * 2
 
 
 def test_fingerprints_unchanged_by_columns():

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from .costmodel.learned import task_dims
 from .search.warm import Source, WarmError, WarmStart
 from .spec.records import Records, RecordsError
 from .targets.replay.formats import FormatError, Recording, read_recording
@@ -30,15 +30,10 @@ def recording_source(rec: Recording, label: str | None = None) -> Source:
     return Source(label or rec.label, rows, f"recorded on {device}" if device else f"recorded in {rec.path.name}")
 
 
-def _shape(task: str) -> tuple[int, ...] | None:
-    m = re.search(r"_(\d+(?:x\d+)*)(?:_|$)", task)
-    return tuple(int(x) for x in m.group(1).split("x")) if m else None
-
-
 def shape_distance(a: str, b: str) -> float:
     """How far apart two task keys' shapes are: the sum of |log2 ratio| over their dimensions (inf when the
     keys carry no comparable shape)."""
-    sa, sb = _shape(a), _shape(b)
+    sa, sb = task_dims(a), task_dims(b)
     if sa is None or sb is None or len(sa) != len(sb):
         return math.inf
     return sum(abs(math.log2(x / y)) for x, y in zip(sa, sb) if x > 0 and y > 0)

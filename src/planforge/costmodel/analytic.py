@@ -171,6 +171,13 @@ class AnalyticModel:
         return cls(problem.op, problem.dims, problem.epilogue, target.flops(problem), ceil, space, cold,
                    ceil.registers)
 
+    def at(self, dims: Sequence[int]) -> "AnalyticModel":
+        """The same template, space and device at another problem size (a warm start's source shape, for
+        the learned ranker's features); its useful FLOPs scale with the product of the sizes."""
+        scale = math.prod(int(d) for d in dims) / max(math.prod(self.dims), 1)
+        return AnalyticModel(self.op, dims, self.epilogue, self.useful * scale, self.ceil, self.space, self.cold,
+                             self.vregs)
+
     def describe(self) -> dict[str, Any]:
         c = self.ceil
         return {"name": self.name, "op": self.op, "dims": list(self.dims), "cold": self.cold,

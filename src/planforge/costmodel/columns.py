@@ -11,6 +11,7 @@ enumerated the ordinary way instead.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -46,6 +47,23 @@ def columns(space: Space, candidates: Sequence[Candidate]) -> dict[str, np.ndarr
     """Knob values of ``candidates`` as columns."""
     idx = np.array([c.index for c in candidates], dtype=np.int64).reshape(len(candidates), len(space.knobs))
     return index_columns(space, idx)
+
+
+def shape_columns(space: Space, candidates: Sequence[Candidate], dims: Sequence[int]) -> np.ndarray:
+    """Shape features of ``candidates`` at the problem sizes ``dims`` (rows): log2 of each size, then for
+    each tile-like knob (integer values, at least 1, more than two of them) the log2 of its tile count
+    along each size, ceil(size / value): 0 once one tile covers the size. Which knob tiles which size is
+    the template's business; a learned model finds the pairs that matter."""
+    n = len(candidates)
+    out = [np.full(n, math.log2(max(int(d), 1))) for d in dims]
+    if n:
+        cols = columns(space, candidates)
+        for k in space.knobs:
+            v = cols[k.name]
+            if v.dtype.kind != "i" or len(k.values) <= 2 or min(k.values) < 1:
+                continue
+            out += [np.log2(np.ceil(max(int(d), 1) / v)) for d in dims]
+    return np.column_stack(out) if out else np.zeros((n, 0))
 
 
 def _eval(e: Expr, env: Mapping[str, Any], bad: list[np.ndarray]) -> Any:

@@ -11,6 +11,15 @@ linear gain lifts Spearman from 0.65-0.85 to 0.80-0.94, see docs/benchmarks.md).
 measurements arrive (``fit`` after ``add``), and can be warm-started from the
 records of earlier runs of the same template on the same device.
 
+Rows measured at another shape (a warm start's source, an earlier run of the
+same template at another size: a query group whose name carries a task key
+such as ``gemm_256x1024x1024_bias_relu``) are described by their own shape:
+the analytic features of the model at that shape (``Sized.at``), the
+problem's sizes and each tile knob's tile count along each size
+(``columns.shape_columns``). So the ranker learns how a configuration fares
+relative to its shape, which is what transfers from one shape to another,
+instead of reading another shape's times as if they were this one's.
+
 ``predict`` follows the ``CostModel`` convention (lower is better): it returns
 the negated ranking score. LightGBM runs single-threaded and deterministic,
 seeded from ``seed``, so a run is reproducible.
@@ -19,18 +28,40 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Iterable, Mapping, Sequence
+import re
+from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 from scipy import stats
 
 from ..space import Candidate, Space, SpaceError
-from .columns import columns
+from .columns import columns, shape_columns
 from .funnel import Analytic
 from .metrics import kendall, spearman, top_k_recall
 
 MAX_GRADE = 30  # LightGBM's default label_gain has 31 entries: labels 0..30
 MAX_QUERY = 10_000  # LightGBM's limit on the rows of one query
+
+
+def task_dims(label: str) -> tuple[int, ...] | None:
+    """The problem sizes a task key (or a group or source label that starts with one) carries:
+    ``gemm_256x1024x2048_bias`` -> (256, 1024, 2048); None when it carries none."""
+    m = re.search(r"_(\d+(?:x\d+)*)(?:_|$|[ @])", label)
+    return tuple(int(x) for x in m.group(1).split("x")) if m else None
+
+
+@runtime_checkable
+class Sized(Protocol):
+    """An analytic model of one problem size that can be had at another (``AnalyticModel``): its sizes,
+    its useful FLOPs and the names of its features (``log_*`` ones other than ``log_intensity`` are
+    log-seconds)."""
+
+    dims: tuple[int, ...]
+    useful: float
+
+    def at(self, dims: Sequence[int]) -> Analytic: ...
+
+    def feature_names(self) -> list[str]: ...
 
 
 def grades(metrics: Sequence[float | None]) -> np.ndarray:
@@ -83,23 +114,51 @@ class LearnedRanker:
         self.space, self.analytic, self.seed = space, analytic, seed
         self.rounds, self.leaves, self.min_fit, self.learning_rate = rounds, leaves, min_fit, learning_rate
         self.groups: dict[str, list[tuple[np.ndarray, float | None]]] = {}
+        # the problem's sizes when the analytic model can be had at other sizes: rows of other shapes are then
+        # described by their own (see the module's docstring)
+        self.dims = tuple(analytic.dims) if isinstance(analytic, Sized) else None
+        self._at: dict[tuple[int, ...], Analytic] = {}
+        # log-seconds features are taken per useful FLOP: a larger shape takes longer at every point, and
+        # trees split on levels, so absolute times of one shape say nothing of another's (a constant shift
+        # within one shape changes no split)
+        self._times = [i for i, n in enumerate(analytic.feature_names())
+                       if n.startswith("log_") and n != "log_intensity"] if self.dims is not None else []
         self.booster = None
         self.fits = 0
         self._dirty = False
 
     # -- data --------------------------------------------------------------------
-    def encode(self, candidates: Sequence[Candidate]) -> np.ndarray:
-        """Feature rows: knob columns, then the analytic features (when there is a model)."""
+    def shape_of(self, group: str) -> tuple[int, ...] | None:
+        """The sizes rows of query ``group`` were measured at: those its name carries when they are another
+        shape of this problem (as many sizes), else None (this problem's)."""
+        d = task_dims(group) if self.dims is not None else None
+        return d if d is not None and len(d) == len(self.dims) and d != self.dims and all(d) else None
+
+    def encode(self, candidates: Sequence[Candidate], dims: Sequence[int] | None = None) -> np.ndarray:
+        """Feature rows: knob columns, then the analytic features (when there is a model), then (when the
+        model can be had at other sizes) the sizes and tile counts; all at the sizes ``dims`` (default:
+        this problem's)."""
         x = knob_matrix(self.space, candidates)
         if self.analytic is not None and len(candidates):
-            x = np.column_stack([x, self.analytic.features_of(self.analytic.estimate(candidates))])
+            model = self.analytic
+            if dims is not None and self.dims is not None and tuple(dims) != self.dims:
+                dims = tuple(int(d) for d in dims)
+                if dims not in self._at:
+                    self._at[dims] = self.analytic.at(dims)
+                model = self._at[dims]
+            f = model.features_of(model.estimate(candidates))
+            if self.dims is not None:
+                f[:, self._times] -= math.log(max(model.useful, 1.0))
+                f = np.column_stack([f, shape_columns(self.space, candidates, dims or self.dims)])
+            x = np.column_stack([x, f])
         return np.nan_to_num(x, nan=0.0, posinf=1e30, neginf=-1e30)
 
     def add(self, candidates: Sequence[Candidate], metrics: Sequence[float | None], group: str = "current") -> None:
-        """Add measured points (metric None: failed or pruned) to query ``group``."""
+        """Add measured points (metric None: failed or pruned) to query ``group``; a group named after
+        another shape of this problem (``shape_of``) is encoded at that shape."""
         if not candidates:
             return
-        rows = self.encode(candidates)
+        rows = self.encode(candidates, self.shape_of(group))
         self.groups.setdefault(group, []).extend(zip(rows, metrics))
         self._dirty = True
 

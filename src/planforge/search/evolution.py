@@ -84,8 +84,9 @@ class ModelGuided(Strategy):
     # -- history -------------------------------------------------------------
     def warm_start(self, rows) -> int:
         """Add ``(group, config, metric)`` rows from earlier runs (see ``costmodel.learned.history``)."""
-        self.warm += self.ranker.add_configs(rows)
-        return self.warm
+        n = self.ranker.add_configs(rows)
+        self.warm += n
+        return n
 
     def _observe(self, c: Candidate, o: Outcome) -> None:
         m = o.metric if o.ok else None
