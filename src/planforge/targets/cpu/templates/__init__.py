@@ -113,6 +113,10 @@ TEMPLATES: dict[str, Template] = {
         source=lambda p, k: mlp.source(p.layers, k),
         bind=lambda lib, p, k, i, out: mlp.bind(lib, p.layers, k, i["x"], i["weights"], i["biases"], out),
         openmp_threads=False,  # its threads are its own persistent pool (templates/pool.py)
+        reference_inputs=lambda p, k, i: (None if not mlp.quantised(p.layers, k) else (
+            "+".join(mlp.formats_of(p.layers, k)) + f":{k.get('qblock')}",
+            lambda: {**i, "weights": mlp.dequantised(p.layers, k, i["weights"])})),
+        variants=mlp.variants,
     ),
     **{op: Template(
         op,
@@ -168,6 +172,8 @@ def quant_space(problem, lim: Limits, variants: tuple[str, ...]) -> Space:
     space = TEMPLATES[problem.op].space(problem, lim)
     if not set(variants) - {"fp32"}:
         return space
+    if problem.op == "mlp":  # a format per layer
+        return mlp.with_formats(space, problem.layers, tuple(variants))
     return qgemv.with_formats(space, tuple(variants), lim.dot_i8_lanes,
                               "pack_b == 1" if problem.op == "gemm" else "w_layout == 'packed'")
 

@@ -19,17 +19,31 @@ more often than that never pays a wake-up). ``pin``: 1 pins each worker to
 its own physical core, 0 leaves placement to the scheduler (see ``pool.py``).
 ``threads = 1`` runs on the caller alone, no pool.
 
+Weight formats (``wfmt<i>`` per layer, beside the tiles; only in the space when an
+accuracy budget is stated, ``with_formats``): fp32, or bf16 / int8 per output
+channel / int4 by blocks of ``qblock`` rows, as the quantised GEMV
+(``qgemv.py``) reads them: each thread packs its slice of the quantised values
+into panels of ``jb * vec`` columns (padded with zero weights), widens them to
+fp32 in registers and accumulates in fp32; activations stay fp32. A split-K
+slice of an int4 layer starts on a block boundary, so that each thread's blocks
+carry their own scales.
+
 Exported C (``PF_API`` defaults to external linkage; the C export includes
 this source with ``PF_API`` set to ``static``):
 
 - ``void *pf_mlp_create(const float *const *W, const float *const *B)``:
   W[i] is layer i's [K][N] row-major weights, B[i] its [N] bias (both copied);
-  NULL when a thread or an allocation fails.
+  NULL when a thread or an allocation fails (fp32 layers only).
+- ``void *pf_mlp_create_q(const void *const *W, const float *const *S, const float *const *B)``:
+  the same with each layer's weights in its format: fp32 values, bf16 bits
+  (uint16), int8 values, or int4 values held one per int8 in [-7, 7]; S[i] its
+  scales (int8: [N]; int4: [ceil(K / qblock)][N]; NULL otherwise).
 - ``void pf_mlp_run(void *h, const float *x, float *y)``; ``pf_mlp_bind(h, x,
   y)`` then ``pf_mlp_go(h)``: the same with pointers bound once.
 - ``void pf_mlp_destroy(void *h)``: stops and joins the workers, frees all.
 
-Compile-time knobs: vec, jb, ksplit, unroll, threads, split0..split<L-1>, spin_us, pin.
+Compile-time knobs: vec, jb, ksplit, unroll, threads, split0..split<L-1>, spin_us, pin, and with formats
+wfmt0..wfmt<L-1> and qblock.
 """
 from __future__ import annotations
 
@@ -40,12 +54,33 @@ from typing import Any, Sequence
 import numpy as np
 
 from ....ops.kernel import epilogue_of_act
+from ....quant import INT4_BLOCKS, variant_knobs
+from ....quant.pack import quantised as quantised_weights
 from ....space import Space, categorical
 from .common import epi_code, header
 from .gemv import block_source, tail_source
 from .pool import POOL_BODY, POOL_HEAD
+from . import qgemv
 
 SPIN_US = (1000, 100, 20000)  # the first is what one thread (no pool) is canonicalised to
+FORMAT_CODES = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
+
+
+def format_names(layers: Sequence[tuple[int, int, str]]) -> list[str]:
+    return [f"wfmt{i}" for i in range(len(layers))]
+
+
+def formats_of(layers: Sequence[tuple[int, int, str]], knobs: dict[str, Any]) -> list[str]:
+    """Each layer's weight format (``fp32`` where the knobs have none)."""
+    fs = [knobs.get(n, "fp32") for n in format_names(layers)]
+    bad = [f for f in fs if f not in FORMAT_CODES]
+    if bad:
+        raise ValueError(f"weight formats take {', '.join(FORMAT_CODES)}, got {bad}")
+    return fs
+
+
+def quantised(layers, knobs: dict[str, Any]) -> bool:
+    return any(f != "fp32" for f in formats_of(layers, knobs))
 
 
 def split_names(layers: Sequence[tuple[int, int, str]]) -> list[str]:
@@ -67,6 +102,27 @@ def space(layers: Sequence[tuple[int, int, str]], profile) -> Space:
          f"threads > 1 or (spin_us == {SPIN_US[0]} and pin == 1)"],
         constants={"vregs": profile.vector_registers, "n_min": n_min},
     )
+
+
+def variants(lim) -> tuple[str, ...]:
+    """The weight formats the fused MLP reads (weight-only: its activations stay fp32 between layers)."""
+    return ("fp32", "bf16", "int8", *(f"int4:{b}" for b in INT4_BLOCKS))
+
+
+def with_formats(space: Space, layers: Sequence[tuple[int, int, str]], names: Sequence[str]) -> Space:
+    """``space`` with each layer's weight format a gene (``wfmt<i>``) among the variants ``names`` (fp32, bf16,
+    int8, int4:BLOCK; ``variant_knobs`` refuses others) and ``qblock`` among their int4 blocks; a point with no int4
+    layer keeps the first block, so each distinct kernel is one point."""
+    vk = [variant_knobs(n) for n in names]
+    if any(k["act"] != "fp32" for k in vk):
+        raise ValueError("the fused MLP quantises weights only: its activations stay fp32")
+    formats = tuple(dict.fromkeys(k["wfmt"] for k in vk))
+    blocks = tuple(dict.fromkeys(k["qblock"] for k in vk if k["wfmt"] == "int4")) or INT4_BLOCKS[:1]
+    fn = format_names(layers)
+    knobs = [*space.knobs, *[categorical(n, formats) for n in fn], categorical("qblock", blocks)]
+    any4 = " or ".join(f"{n} == 'int4'" for n in fn)
+    rules = [*space.restrictions, f"{any4} or qblock == {blocks[0]}"] if len(blocks) > 1 else list(space.restrictions)
+    return Space(knobs, rules, constants=space.constants)
 
 
 def defaults(layers: Sequence[tuple[int, int, str]], lim) -> dict[str, Any]:
@@ -94,6 +150,10 @@ def source(layers: Sequence[tuple[int, int, str]], knobs: dict[str, Any]) -> str
     bad = [s for s in splits if s not in ("n", "k")]
     if bad:
         raise ValueError(f"split knobs take 'n' or 'k', got {bad}")
+    fmts = formats_of(layers, knobs)
+    qb = int(knobs.get("qblock", INT4_BLOCKS[0]))
+    if qb not in INT4_BLOCKS:
+        raise ValueError(f"qblock must be one of {INT4_BLOCKS}, got {qb}")
     widest = max(max(k, n) for k, n, _ in layers)
     arr = lambda xs: "{" + ", ".join(str(x) for x in xs) + "}"  # noqa: E731
     head = f"""#ifndef _GNU_SOURCE
@@ -114,8 +174,16 @@ static const int LK[NL] = {arr(k for k, _, _ in layers)};
 static const int LN[NL] = {arr(n for _, n, _ in layers)};
 static const int LEPI[NL] = {arr(epi_code(epilogue_of_act(a)) for _, _, a in layers)};
 static const int LSPLIT[NL] = {arr(int(s == 'k') for s in splits)};  /* 1: this layer is split along K */
+static const int LFMT[NL] = {arr(FORMAT_CODES[f] for f in fmts)};  /* 0 fp32, 1 bf16, 2 int8, 3 int4 */
+#define QB {qb}
+#define QUANT {int(any(f != "fp32" for f in fmts))}
 """
-    return "\n".join([head, header(), block_source({**knobs, "w_layout": "packed"}), tail_source(), POOL_HEAD, _STRUCT, POOL_BODY, _MLP])
+    quant = []
+    if any(f != "fp32" for f in fmts):  # the quantised GEMV's panel kernels, one per format
+        quant = [qgemv.LOADS] + [qgemv.block_source({**knobs, "wfmt": f}).replace("qblock(", f"qblock_{f}(")
+                                 for f in ("bf16", "int8", "int4")]
+    return "\n".join([head, header(), block_source({**knobs, "w_layout": "packed"}), tail_source(), *quant,
+                      POOL_HEAD, _STRUCT, POOL_BODY, _MLP])
 
 
 _STRUCT = r"""
@@ -123,13 +191,13 @@ struct pool {
     POOL_FIELDS
     const float *x; float *y;           /* this call's input and output */
     const float *bx; float *by;         /* the bound ones (pf_mlp_bind) */
-    const float *const *wsrc, *const *bsrc;  /* the caller's weights, read while the threads pack them */
+    const void *const *wsrc; const float *const *ssrc, *const *bsrc;  /* the caller's, read while packing */
     float *bias[NL];
-    float *w[PT][NL]; int lo[PT][NL], hi[PT][NL];
+    void *w[PT][NL]; float *sc[PT][NL]; int lo[PT][NL], hi[PT][NL];
     float *act[2];                      /* split-N layers' outputs, shared; alternate by layer */
     float *part[2][PT];                 /* split-K layers' partial sums per thread; alternate by layer */
     float *xin[PT];                     /* a thread's input, added up from a split-K layer's partials */
-    float *mem[PT], *shared;
+    void *mem[PT]; float *shared;
 };
 """
 
@@ -139,7 +207,12 @@ static inline long rup(long n) { return (n + 15) / 16 * 16; }  /* floats: 64-byt
 /* thread t's slice of layer i: output columns (split N, whole blocks of JBV) or input rows (split K) */
 static void slice_of(int i, int t, int *lo, int *hi) {
     const int K = LK[i], N = LN[i];
-    if (LSPLIT[i]) { *lo = (int)((long)t * K / PT); *hi = (int)((long)(t + 1) * K / PT); return; }
+    if (LSPLIT[i]) {  /* an int4 layer's slices start on its blocks of QB rows */
+        const int a = LFMT[i] == 3 ? QB : 1;
+        *lo = t == 0 ? 0 : (int)((long)t * K / PT) / a * a;
+        *hi = t == PT - 1 ? K : (int)((long)(t + 1) * K / PT) / a * a;
+        return;
+    }
     const int nblk = N / JBV;
     *lo = (int)((long)t * nblk / PT) * JBV;
     *hi = t == PT - 1 ? N : (int)((long)(t + 1) * nblk / PT) * JBV;
@@ -165,6 +238,71 @@ static inline void mv(const float *x, const float *wp, int rows, int c0, int c1,
     if (j < c1) tail(x, wp + (long)nb * rows * JBV, c1 - j, bias, y, j, c1, rows, epi);
 }
 
+static inline long rupb(long n) { return (n + 63) / 64 * 64; }  /* bytes: 64-byte aligned pieces */
+
+/* bytes of a slice of layer i (rows x cols of W) as packed, and of its scales */
+static void slice_bytes(int i, int rows, int cols, long *wb, long *sb) {
+    const long np = (cols + JBV - 1) / JBV, nkb = (rows + QB - 1) / QB;
+    switch (LFMT[i]) {
+    case 0: *wb = 4L * rows * cols; *sb = 0; break;
+    case 1: *wb = 2L * np * rows * JBV; *sb = 0; break;
+    case 2: *wb = np * rows * JBV; *sb = 4L * ((LN[i] + JBV - 1) / JBV) * JBV; break;  /* all the channels' scales */
+    default: *wb = np * nkb * QB / 2 * JBV; *sb = 4L * np * nkb * JBV; break;
+    }
+}
+
+#if QUANT
+/* rows [r0, r1) x columns [c0, c1) of the quantised Q [K][N] (elements of es bytes) into zero-padded panels */
+static void qpack(const void *Q, int es, int N, int r0, int r1, int c0, int c1, char *dst) {
+    const int rows = r1 - r0;
+    const long np = (c1 - c0 + JBV - 1) / JBV;
+    memset(dst, 0, (size_t)(np * rows * JBV * es));
+    for (long b = 0; b < np; b++) {
+        const int j0 = c0 + (int)b * JBV, w = c1 - j0 < JBV ? c1 - j0 : JBV;
+        for (int r = 0; r < rows; r++)
+            memcpy(dst + (b * rows + r) * JBV * es, (const char *)Q + ((long)(r0 + r) * N + j0) * es, (size_t)w * es);
+    }
+}
+
+/* int4: two rows a byte (even row low nibble), rows padded to whole blocks; the blocks' scales per panel */
+static void qpack4(const int8_t *Q, const float *S, int N, int r0, int r1, int c0, int c1, uint8_t *dst, float *sd) {
+    const int rows = r1 - r0, nkb = (rows + QB - 1) / QB;
+    const long np = (c1 - c0 + JBV - 1) / JBV, ph = (long)nkb * QB / 2;
+    memset(dst, 0, (size_t)(np * ph * JBV));
+    memset(sd, 0, (size_t)(np * nkb * JBV) * sizeof(float));
+    for (long b = 0; b < np; b++)
+        for (int j = 0; j < JBV && c0 + b * JBV + j < c1; j++) {
+            const long c = c0 + b * JBV + j;
+            for (int r = 0; r < rows; r++) {
+                const uint8_t q = (uint8_t)Q[(long)(r0 + r) * N + c] & 15;
+                dst[(b * ph + r / 2) * JBV + j] |= (uint8_t)(r & 1 ? q << 4 : q);
+            }
+            for (int kb = 0; kb < nkb; kb++) sd[(b * nkb + kb) * JBV + j] = S[(long)(r0 / QB + kb) * N + c];
+        }
+}
+
+/* y[c0..c1) = epi(x[0..rows) @ deq(panels) + bias) for a quantised slice */
+static inline void qmv(int f, const float *x, const void *wp, const float *sp, int rows, int c0, int c1,
+                       const float *bias, float *y, int N, int epi) {
+    const long np = (c1 - c0 + JBV - 1) / JBV, nkb = (rows + QB - 1) / QB;
+    for (long b = 0; b < np; b++) {
+        const int j0 = c0 + (int)b * JBV;
+        if (f == 1) qblock_bf16(x, (const uint16_t *)wp + b * rows * JBV, sp, bias, y, N, rows, j0, epi);
+        else if (f == 2) qblock_int8(x, (const int8_t *)wp + b * rows * JBV, sp, bias, y, N, rows, j0, epi);
+        else qblock_int4(x, (const uint8_t *)wp + b * nkb * QB / 2 * JBV, sp + b * nkb * JBV, bias, y, N, rows, j0, epi);
+    }
+}
+#endif
+
+/* a layer's slice, in its format */
+static inline void lmv(struct pool *p, int t, int i, const float *x, int rows, int c0, int c1, const float *bias,
+                       float *y, int epi) {
+#if QUANT
+    if (LFMT[i]) { qmv(LFMT[i], x, p->w[t][i], p->sc[t][i], rows, c0, c1, bias, y, LN[i], epi); return; }
+#endif
+    mv(x, (const float *)p->w[t][i], rows, c0, c1, bias, y, LN[i], epi);
+}
+
 /* dst[a..b) = epi(sum over threads of part[par][u] + bias) */
 static inline void reduce(struct pool *p, int par, int a, int b, const float *bias, int epi, float *dst) {
     int j = a;
@@ -183,24 +321,38 @@ static inline void reduce(struct pool *p, int par, int a, int b, const float *bi
 }
 
 static int mlp_init(struct pool *p, int t) {
-    long n = rup(WIDEST) * 3;  /* xin, part[0], part[1] */
+    long n = 4L * rup(WIDEST) * 3;  /* xin, part[0], part[1] */
+    long wb[NL], sb[NL];
     for (int i = 0; i < NL; i++) {
         slice_of(i, t, &p->lo[t][i], &p->hi[t][i]);
-        long w = p->hi[t][i] - p->lo[t][i];
-        n += rup(w * (LSPLIT[i] ? LN[i] : LK[i]));
+        const int w = p->hi[t][i] - p->lo[t][i];
+        slice_bytes(i, LSPLIT[i] ? w : LK[i], LSPLIT[i] ? LN[i] : w, &wb[i], &sb[i]);
+        n += rupb(wb[i]) + rupb(sb[i]);
     }
-    float *m = aligned_alloc(64, n * sizeof(float));
+    char *m = aligned_alloc(64, (size_t)rupb(n));
     if (!m) return -1;
-    memset(m, 0, n * sizeof(float));  /* first touch by the thread that reads it */
+    memset(m, 0, (size_t)n);  /* first touch by the thread that reads it */
     p->mem[t] = m;
-    p->xin[t] = m; m += rup(WIDEST);
-    p->part[0][t] = m; m += rup(WIDEST);
-    p->part[1][t] = m; m += rup(WIDEST);
+    p->xin[t] = (float *)m; m += 4L * rup(WIDEST);
+    p->part[0][t] = (float *)m; m += 4L * rup(WIDEST);
+    p->part[1][t] = (float *)m; m += 4L * rup(WIDEST);
     for (int i = 0; i < NL; i++) {
-        int lo = p->lo[t][i], hi = p->hi[t][i];
+        const int lo = p->lo[t][i], hi = p->hi[t][i], K = LK[i], N = LN[i];
+        const int r0 = LSPLIT[i] ? lo : 0, r1 = LSPLIT[i] ? hi : K, c0 = LSPLIT[i] ? 0 : lo, c1 = LSPLIT[i] ? N : hi;
         p->w[t][i] = m;
-        if (LSPLIT[i]) { pack(p->wsrc[i], LN[i], lo, hi, 0, LN[i], m); m += rup((long)(hi - lo) * LN[i]); }
-        else { pack(p->wsrc[i], LN[i], 0, LK[i], lo, hi, m); m += rup((long)LK[i] * (hi - lo)); }
+        p->sc[t][i] = (float *)(m + rupb(wb[i]));
+        switch (LFMT[i]) {
+        case 0: pack((const float *)p->wsrc[i], N, r0, r1, c0, c1, (float *)m); break;
+#if QUANT
+        case 1: qpack(p->wsrc[i], 2, N, r0, r1, c0, c1, m); break;
+        case 2:
+            qpack(p->wsrc[i], 1, N, r0, r1, c0, c1, m);
+            memcpy(p->sc[t][i], p->ssrc[i], (size_t)N * sizeof(float));
+            break;
+        default: qpack4((const int8_t *)p->wsrc[i], p->ssrc[i], N, r0, r1, c0, c1, (uint8_t *)m, p->sc[t][i]); break;
+#endif
+        }
+        m += rupb(wb[i]) + rupb(sb[i]);
     }
     if (t == 0) {  /* biases and the shared activations: the caller's */
         long s = 2 * rup(WIDEST);
@@ -226,8 +378,8 @@ static void pool_work(struct pool *p, int t) {
             reduce(p, (i - 1) & 1, LSPLIT[i] ? lo : 0, LSPLIT[i] ? hi : K, p->bias[i - 1], LEPI[i - 1], p->xin[t]);
             in = p->xin[t];
         }
-        if (LSPLIT[i]) mv(in + lo, p->w[t][i], hi - lo, 0, N, NULL, p->part[i & 1][t], N, 0);
-        else mv(in, p->w[t][i], K, lo, hi, p->bias[i], i == NL - 1 ? p->y : p->act[i & 1], N, LEPI[i]);
+        if (LSPLIT[i]) lmv(p, t, i, in + lo, hi - lo, 0, N, NULL, p->part[i & 1][t], 0);
+        else lmv(p, t, i, in, K, lo, hi, p->bias[i], i == NL - 1 ? p->y : p->act[i & 1], LEPI[i]);
         if (i < NL - 1) pool_barrier(p, t, i + 1);
     }
     pool_sync(p, t, STAGES);
@@ -242,16 +394,24 @@ PF_API void pf_mlp_destroy(void *h) {
     free(p);
 }
 
-PF_API void *pf_mlp_create(const float *const *W, const float *const *B) {
+PF_API void *pf_mlp_create_q(const void *const *W, const float *const *S, const float *const *B) {
     struct pool *p = aligned_alloc(64, (sizeof(struct pool) + 63) / 64 * 64);
     if (!p) return NULL;
     memset(p, 0, sizeof *p);
     p->wsrc = W;
+    p->ssrc = S;
     p->bsrc = B;
     if (pool_start(p, mlp_init) != 0) { pf_mlp_destroy(p); return NULL; }
     p->wsrc = NULL;
+    p->ssrc = NULL;
     p->bsrc = NULL;
     return p;
+}
+
+PF_API void *pf_mlp_create(const float *const *W, const float *const *B) {
+    for (int i = 0; i < NL; i++)
+        if (LFMT[i]) return NULL;  /* quantised layers: pf_mlp_create_q */
+    return pf_mlp_create_q((const void *const *)W, NULL, B);
 }
 
 PF_API void pf_mlp_run(void *h, const float *x, float *y) {
@@ -288,19 +448,33 @@ def _fn(lib: ctypes.CDLL, name: str, args: list, res=None):
 
 class Pool:
     """A started fused MLP (its threads and weight slices) in library ``lib``; ``close()`` (or garbage
-    collection, or interpreter exit) stops and joins its workers and frees its memory."""
+    collection, or interpreter exit) stops and joins its workers and frees its memory. ``formats``: each
+    layer's weight format (default all fp32), int4's blocks of ``qblock`` rows: the weights are quantised
+    here (cached by content) and each thread packs its slice of them."""
 
-    def __init__(self, lib: ctypes.CDLL, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]):
-        ws = [np.ascontiguousarray(w, dtype=np.float32) for w in weights]
+    def __init__(self, lib: ctypes.CDLL, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray],
+                 formats: Sequence[str] | None = None, qblock: int = INT4_BLOCKS[0]):
+        formats = list(formats or ["fp32"] * len(weights))
+        ws, ss = [], []
+        for w, f in zip(weights, formats):
+            if f == "fp32":
+                ws.append(np.ascontiguousarray(w, dtype=np.float32))
+                ss.append(None)
+            else:
+                qw = quantised_weights(np.asarray(w, np.float32), f, qblock if f == "int4" else None)
+                ws.append(np.ascontiguousarray(qw.q))
+                ss.append(None if qw.scales is None else np.ascontiguousarray(qw.scales, np.float32))
         bs = [np.ascontiguousarray(b, dtype=np.float32).reshape(-1) for b in biases]
         wp = (ctypes.c_void_p * len(ws))(*[w.ctypes.data for w in ws])
+        sp = (ctypes.c_void_p * len(ss))(*[s.ctypes.data if s is not None else None for s in ss])
         bp = (ctypes.c_void_p * len(bs))(*[b.ctypes.data for b in bs])
-        create = _fn(lib, "pf_mlp_create", [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_void_p)
+        create = _fn(lib, "pf_mlp_create_q", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p], ctypes.c_void_p)
         destroy = _fn(lib, "pf_mlp_destroy", [ctypes.c_void_p])
         self.run = _fn(lib, "pf_mlp_run", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p])
         self.bind = _fn(lib, "pf_mlp_bind", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p])
         self.go = _fn(lib, "pf_mlp_go", [ctypes.c_void_p])
-        h = create(ctypes.addressof(wp), ctypes.addressof(bp))  # the weights are copied: ws, bs may go
+        # the weights are packed by the threads before create returns: ws, ss, bs may go after it
+        h = create(ctypes.addressof(wp), ctypes.addressof(sp), ctypes.addressof(bp))
         if not h:
             raise MlpError("the fused MLP could not start its threads or allocate its weight slices")
         self.handle = h
@@ -324,7 +498,7 @@ def bind(lib: ctypes.CDLL, layers, knobs: dict[str, Any], x: np.ndarray, weights
     if x.size != layers[0][0] or y.size != layers[-1][1]:
         raise ValueError(f"input of {x.size} and output of {y.size} floats do not match the layers "
                          f"({layers[0][0]} in, {layers[-1][1]} out)")
-    pool = Pool(lib, weights, biases)
+    pool = Pool(lib, weights, biases, formats_of(layers, knobs), int(knobs.get("qblock", INT4_BLOCKS[0])))
     pool.bind(pool.handle, x.ctypes.data, y.ctypes.data)
     go, h, raw = pool.go, pool.handle, pool.run
     keep = (x, y)
@@ -337,6 +511,16 @@ def bind(lib: ctypes.CDLL, layers, knobs: dict[str, Any], x: np.ndarray, weights
     # and the buffers it is bound to (the caller checks they are the ones it would otherwise copy through)
     run.entry = (ctypes.cast(raw, ctypes.c_void_p).value, h, pool, x.ctypes.data, y.ctypes.data)
     return run
+
+
+def dequantised(layers, knobs: dict[str, Any], weights) -> list[np.ndarray]:
+    """The weights a fused MLP of these knobs really multiplies by (fp32 layers as they are): its reference."""
+    from ....quant import dequantise
+
+    qb = int(knobs.get("qblock", INT4_BLOCKS[0]))
+    return [np.asarray(w, np.float32) if f == "fp32" else
+            dequantise(quantised_weights(np.asarray(w, np.float32), f, qb if f == "int4" else None), np.float32)
+            for w, f in zip(weights, formats_of(layers, knobs))]
 
 
 def weight_bytes(layers: Sequence[tuple[int, int, str]]) -> int:
@@ -370,5 +554,5 @@ def _rate(read: tuple[float, float], threads: int, probed: int, private: bool) -
     return one * threads if private else min(allt, one * threads)
 
 
-__all__ = ["MlpError", "Pool", "SPIN_US", "bind", "defaults", "limit_estimate", "source", "space", "split_names",
-           "weight_bytes"]
+__all__ = ["FORMAT_CODES", "MlpError", "Pool", "SPIN_US", "bind", "defaults", "dequantised", "format_names", "formats_of",
+           "limit_estimate", "quantised", "source", "space", "split_names", "variants", "weight_bytes", "with_formats"]

@@ -39,7 +39,7 @@ class QGemvArgs(ctypes.Structure):
 _ELEM = {"bf16": "uint16_t", "int8": "int8_t", "int4": "uint8_t"}
 
 # widening loads: a vector (or one value when V == 1) of fp32 weights from the packed store
-_LOADS = r"""
+LOADS = r"""
 #if V > 1
 typedef uint32_t vu32 __attribute__((vector_size(V * 4)));
 /* widen V int8 (sign) or uint16 (zero) to int32 lanes: GCC 12 scalarises __builtin_convertvector from
@@ -247,7 +247,7 @@ def source(knobs: dict[str, Any], epilogue: str) -> str:
         call = f"qblock(g->x, w + (long)b * {per_panel}, {scales}, g->bias, g->y, N, K, b * JBV, EPI)"
         body = [block_source(knobs)]
     main = _MAIN.replace("ELEM", _ELEM[fmt]).replace("PREPARE", prepare).replace("CALL", call)
-    return "\n".join([head, header(), _LOADS, *body, main])
+    return "\n".join([head, header(), LOADS, *body, main])
 
 
 def act_int8(knobs: dict[str, Any]) -> bool:
@@ -321,5 +321,5 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, W, bias, y):
     return struct_call(lib.pf_qgemv, args, (x, W, pk, bias, y))
 
 
-__all__ = ["QGemvArgs", "act_int8", "bind", "block_source", "pack_for", "quantised", "reference_inputs", "source",
+__all__ = ["LOADS", "QGemvArgs", "act_int8", "bind", "block_source", "pack_for", "quantised", "reference_inputs", "source",
            "variants", "with_formats"]
