@@ -215,7 +215,7 @@ def _workload(workload_or_module, example_inputs, name: str | None, options: dic
         opts = dict(options or {})
         graph = from_torch(workload_or_module, args, name=name, strict=bool(opts.get("strict", False)))
         return graph_workload(graph, name or graph.name, target=target if target is not None else "cpu",
-                              **{k: opts[k] for k in ("memory_budget_mb", "seed") if k in opts})
+                              **{k: opts[k] for k in ("memory_budget_mb", "seed", "accuracy") if k in opts})
     raise TypeError(f"planforge.tune takes a workload name, a model file, a Workload or a torch.nn.Module, "
                     f"got {type(workload_or_module).__name__}")
 

@@ -87,6 +87,24 @@ class Accuracy:
     def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "bound": self.bound}
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Accuracy":
+        return cls(d.get("metric", "max_rel_err"), d.get("bound"))
+
+    def split(self, n: int) -> "Accuracy":
+        """The budget of each of ``n`` chained parts, so that their errors, which add up to first order along a
+        chain, stay within this one for the whole: ``max_rel_err`` B / n; ``cosine`` 1 - (1 - B) / n."""
+        if self.bound is None or n <= 1:
+            return self
+        if self.metric == "max_rel_err":
+            return Accuracy(self.metric, self.bound / n)
+        return Accuracy(self.metric, 1.0 - (1.0 - self.bound) / n)
+
+    def worst(self, values) -> float:
+        """The value that decides among several outputs' (the largest error, the smallest cosine)."""
+        values = list(values)
+        return max(values) if self.metric == "max_rel_err" else min(values)
+
     def __str__(self) -> str:
         return "none stated: fp32 weights only" if self.bound is None else f"{self.metric}:{self.bound:g}"
 

@@ -122,6 +122,18 @@ def _pruned(stages) -> str:
     return f" ({100 * f:.2f}% of the valid space never measured)" if f is not None else ""
 
 
+def quant_line(q: dict[str, Any]) -> str:
+    """A spec's ``quant`` record in one line: the format(s), the measured error and the budget."""
+    if "formats" in q:  # a whole-graph plan
+        fmts = ", ".join(f"{k} {v}" for k, v in sorted(q["formats"].items())) or "fp32 in every step"
+    else:
+        fmts = q["format"] + (f":{q['block']}" if q.get("block") else "") + \
+            (" with int8 activations" if q.get("activations") == "int8" else "")
+    e, b = q["error"], q["budget"]
+    bound = "none stated (fp32 only)" if b.get("bound") is None else f"{b['metric']} {b['bound']:g}"
+    return f"{fmts}; measured {e['metric']} {e['value']:.3g} on validation inputs; budget {bound}"
+
+
 def print_summary(res: TuneResult, console: Console | None = None) -> None:
     con = console or Console()
     w = res.workload
@@ -163,6 +175,9 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
             walked = ", ".join(f"rank {f.rank} rejected" for f in tr.walk.rejected)
             con.print(f"  finalist walk: {walked + ', ' if walked else ''}rank {a.rank} accepted at "
                       f"[bold green]{fmt_time(a.metric)}[/] ({plan_label(tr, a.candidate)})")
+            q = ((res.spec or {}).get("tasks", {}).get(tr.task.key) or {}).get("quant")
+            if q:
+                con.print(Text(f"  weights: {quant_line(q)}"))
             if tr.task.info:
                 i = tr.task.info
                 con.print(f"  e-graph: {i.get('eclasses')} e-classes, {i.get('enodes')} e-nodes "
@@ -224,6 +239,12 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
                            f"{e2e.fastest[0]} (plan {e2e.ratio_vs_fastest:.2f}x its time)"))
             if skipped:
                 con.print(Text(f"  not timed: {'; '.join(skipped)}"))
+        if e2e.accuracy is not None:  # quantised parts: the whole output against the workload's budget
+            a = e2e.accuracy
+            verdict = f"over budget: {a['excess']}" if a["excess"] else "within the budget"
+            con.print(Text(f"  whole-model accuracy ({', '.join(a['quantised_tasks'])} quantised): {a['metric']} "
+                           f"{a['value']:.3g} against {a['budget']['bound']:g}: {verdict}"),
+                      style="red" if a["excess"] else None)
         for sh in e2e.shares:  # Amdahl order: where the time goes
             d = e2e.decisions.get(sh["task"], {})
             note = "" if d.get("decision", "tuned") == "tuned" and "below" not in d.get("reason", "") else \

@@ -16,7 +16,7 @@ import random
 import weakref
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ..rewrite.analysis import Analysis
 from ..rewrite.egraph import EClassGraph, ENode
@@ -112,6 +112,20 @@ def _settings(problem: Any, knob_space: Callable[[Any], Space], defaults: Callab
     return out
 
 
+def _stratified(problem: Any, spaces: Sequence[Callable[[Any], Space]], defaults: Callable[[Any], dict], n: int,
+                ranker) -> list[dict[str, Any]]:
+    """Up to ``n`` settings: each space's best (``_settings``) in turn, the first space's first."""
+    share = max(2, -(-n // len(spaces)))
+    lists = [_settings(problem, sp, defaults, share, ranker) for sp in spaces]
+    out, seen = [], set()
+    for i in range(share):
+        for lst in lists:
+            if i < len(lst) and repr(sorted(lst[i].items())) not in seen:
+                seen.add(repr(sorted(lst[i].items())))
+                out.append(lst[i])
+    return out[:max(n, len(spaces))]
+
+
 @dataclass
 class Genome:
     """The plan space of a graph: build it with ``Genome.build``; ``space`` is what strategies search."""
@@ -130,9 +144,13 @@ class Genome:
     def build(cls, eg: EClassGraph, analysis: Analysis, allowed: Mapping[str, list[str]], fallback: Choice,
               knob_space: Callable[[Any], Space], defaults: Callable[[Any], dict],
               configs_per_node: int = CONFIGS_PER_NODE,
-              ranker: Callable[[Any, Space], Callable | None] | None = None) -> "Genome":
+              ranker: Callable[[Any, Space], Callable | None] | None = None,
+              strata: Callable[[Any], Sequence[Callable[[Any], Space]] | None] | None = None) -> "Genome":
         """``knob_space(problem)`` and ``defaults(problem)`` come from the kernel templates;
-        ``ranker(problem, space)`` gives a cost model's ``predict`` for that node (or None)."""
+        ``ranker(problem, space)`` gives a cost model's ``predict`` for that node (or None); ``strata(problem)``
+        (or None for a node without): knob spaces whose settings a node draws in equal shares, interleaved,
+        instead of from ``knob_space`` (a quantised plan space: one per weight format, so that a model ranking
+        the smallest format first still leaves every format among the node's settings)."""
         problems, configs = {}, {}
         for ns in allowed.values():
             for nid in ns:
@@ -140,7 +158,9 @@ class Genome:
                 if n.impl in ("tmpl", "fused"):
                     p = analysis.problem(n)
                     problems[nid] = p
-                    configs[nid] = _settings(p, knob_space, defaults, configs_per_node, ranker)
+                    spaces = strata(p) if strata is not None else None
+                    configs[nid] = (_settings(p, knob_space, defaults, configs_per_node, ranker) if not spaces else
+                                    _stratified(p, spaces, defaults, configs_per_node, ranker))
         g = cls(eg, analysis, {c: list(v) for c, v in allowed.items()}, dict(fallback), problems, configs)
         g._make_space()
         return g

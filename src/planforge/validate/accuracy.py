@@ -18,6 +18,30 @@ def format_of(c: Candidate) -> str:
     return c.as_dict().get(FORMAT_KNOB, "fp32")
 
 
+def step_format(knobs: dict[str, Any] | None) -> str:
+    """The weight format a plan step's knobs read: ``fp32``; ``bf16``, ``int8``, ``int8+a8`` (dynamic int8
+    activations), ``int4:BLOCK``; or, for a fused MLP's per-layer formats, theirs joined by ``/``."""
+    if not knobs:
+        return "fp32"
+    layers = sorted((int(k[len(FORMAT_KNOB):]), v) for k, v in knobs.items()
+                    if k.startswith(FORMAT_KNOB) and k[len(FORMAT_KNOB):].isdigit())
+    fmts = [v for _, v in layers] if layers else [knobs.get(FORMAT_KNOB, "fp32")]
+    block = knobs.get(BLOCK_KNOB)
+    named = [f"int4:{block}" if f == "int4" else
+             ("int8+a8" if f == "int8" and knobs.get(ACT_KNOB) == "int8" else f) for f in fmts]
+    return "fp32" if all(f == "fp32" for f in fmts) else "/".join(named)
+
+
+def program_formats(program: list[dict[str, Any]] | None) -> dict[str, str]:
+    """The quantised steps of a plan's program (a spec's steps): e-class -> ``step_format``; empty: all fp32."""
+    out = {}
+    for s in program or []:
+        f = step_format(s.get("knobs"))
+        if f != "fp32":
+            out[s["cls"]] = f
+    return out
+
+
 @dataclass
 class AccuracyBudget:
     """Rejects a finalist whose weights are quantised beyond ``budget``, saying by how much.
@@ -64,4 +88,46 @@ class AccuracyBudget:
                 "budget": self.budget.to_json()}
 
 
-__all__ = ["ACT_KNOB", "AccuracyBudget", "BLOCK_KNOB", "FORMAT_KNOB", "format_of"]
+@dataclass
+class PlanAccuracy:
+    """The accuracy budget of a whole-graph plan (a model, or a part of one) in the finalist walk.
+
+    Parameters:
+        budget: the task's budget; the default (none stated) rejects any plan with a quantised step unrun.
+        formats: ``f(candidate) -> {e-class: format}``: the plan's quantised steps (``program_formats``).
+        output: ``f(candidate) -> (outs, refs)``: the plan built here and run on validation inputs (another
+            seed than the search's), and the fp64 reference of the unquantised graph on them.
+    A plan with no quantised step passes (the measurement checked it at fp32 tolerance); the error is judged on
+    the graph's outputs, the worst counting, so a chain of quantised layers is held to one budget for the whole
+    of it, not per layer."""
+
+    budget: Accuracy
+    formats: Callable[[Candidate], dict[str, str]]
+    output: Callable[[Candidate], tuple[list[np.ndarray], list[np.ndarray]]]
+    measured: dict[str, float] = field(default_factory=dict)
+
+    def error(self, c: Candidate) -> float:
+        if c.fingerprint not in self.measured:
+            outs, refs = self.output(c)
+            self.measured[c.fingerprint] = self.budget.worst(self.budget.measure(o, r) for o, r in zip(outs, refs))
+        return self.measured[c.fingerprint]
+
+    def __call__(self, c: Candidate) -> str | None:
+        fmts = self.formats(c)
+        if not fmts:
+            return None
+        names = ", ".join(f"{k} {f}" for k, f in sorted(fmts.items()))
+        if not self.budget.allows_quantisation:
+            return (f"accuracy: quantised weights ({names}), but no accuracy budget was stated, and the default "
+                    f"allows no quantisation (state one, e.g. accuracy=max_rel_err:0.01)")
+        why = self.budget.excess(self.error(c))
+        return f"accuracy: {names}: {why}" if why else None
+
+    def record(self, c: Candidate) -> dict[str, Any]:
+        """What the spec records of the chosen plan: each quantised step's format, the whole output's measured
+        error on the validation inputs, and the budget."""
+        return {"formats": self.formats(c), "error": {"metric": self.budget.metric, "value": self.error(c)},
+                "budget": self.budget.to_json(), "judged_on": "the task's outputs"}
+
+
+__all__ = ["ACT_KNOB", "PlanAccuracy", "AccuracyBudget", "BLOCK_KNOB", "FORMAT_KNOB", "format_of", "program_formats", "step_format"]

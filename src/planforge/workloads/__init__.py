@@ -15,12 +15,13 @@ from .models import file_workload, zoo_workload
 
 def _zoo(name: str) -> Callable[..., Workload]:
     def build(memory_budget_mb: float = 1024.0, seed: int = 0, objective: str = "", whole_below: int = WHOLE_BELOW,
-              target: str | Target = "cpu") -> Workload:
+              accuracy: str = "", target: str | Target = "cpu") -> Workload:
         return zoo_workload(name, memory_budget_mb=memory_budget_mb, seed=seed, target=target,
-                            objective=objective or None, whole_below=whole_below)
+                            objective=objective or None, whole_below=whole_below, accuracy=accuracy)
 
     build.__doc__ = (f"The zoo model {name!r}: cut into tasks when it is larger than whole_below ops; objective "
-                     f"e.g. control:chunk_steps=8,control_hz=10.")
+                     f"e.g. control:chunk_steps=8,control_hz=10; accuracy e.g. max_rel_err:0.01 makes the weight "
+                     f"format a gene (default none: fp32 weights only).")
     return build
 
 
@@ -61,8 +62,9 @@ def load_workload(name: str, options: dict[str, Any] | None = None, target: str 
     run on."""
     if name not in WORKLOADS and name.lower().endswith(MODEL_SUFFIXES):
         def build(memory_budget_mb: float = 1024.0, seed: int = 0, input_shapes: str = "",
-                  target: str | Target = "cpu", strict: bool = False, peers: str = "auto") -> Workload:
-            return file_workload(name, memory_budget_mb, seed, input_shapes, target, strict, peers)
+                  target: str | Target = "cpu", strict: bool = False, peers: str = "auto",
+                  accuracy: str = "") -> Workload:
+            return file_workload(name, memory_budget_mb, seed, input_shapes, target, strict, peers, accuracy)
     elif name not in WORKLOADS:
         raise WorkloadError(f"unknown workload {name!r}; built-in workloads: {', '.join(sorted(WORKLOADS))}, "
                             f"or a model file ({', '.join(MODEL_SUFFIXES)})")

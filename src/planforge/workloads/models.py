@@ -17,6 +17,8 @@ import os
 import time
 from typing import Any
 
+import numpy as np
+
 from ..ir import ZOO, Graph
 from ..ops.fallback import steps as fallback_steps
 from ..peers import peers_option
@@ -28,7 +30,7 @@ from ..rewrite.phases import ORDERS, embed, fixed_order, groups_fire
 from ..space.genome import Genome
 from ..targets import Target, TargetError, get_target
 from ..validate import MemoryBudget
-from .base import Manifest, Task, Workload
+from .base import Manifest, Task, Workload, WorkloadError
 from .objective import Objective
 
 DEFAULT_RULESETS = ("epilogue", "layout", "algebra")
@@ -71,11 +73,77 @@ def _order_choices(graph: Graph, eg, names: list[str], limits: Limits, costs, al
     return out
 
 
+def _variant_errors(target: Target, problem, variants, seed: int, metric) -> dict[str, float]:
+    """Each variant's error on ``problem``'s kernel alone; a fused MLP's is the worst of its layers', each as
+    the GEMV it is made of (a chain of layers in one format is no more accurate than its least accurate one)."""
+    if problem.op != "mlp":
+        return target.variant_errors(problem, variants, seed, metric)
+    from ..ops.kernel import epilogue_of_act
+
+    per = [target.variant_errors(target.problem("gemv", (n, k), epilogue_of_act(a)), variants, seed, metric)
+           for k, n, a in problem.layers]
+    pick = max if metric(np.ones(2), np.ones(2)) == 0.0 else min  # max_rel_err: the largest; cosine: the smallest
+    return {v: pick(e[v] for e in per) for v in variants}
+
+
+def _quant_strata(target: Target, accuracy, seed: int = 0):
+    """``Genome.build``'s strata under an accuracy budget that allows quantisation: per template node whose
+    template reads other formats, one knob space per format the screen keeps (and, for a fused MLP, one
+    mixing them per layer); None where there is no budget, so that the plan space is what it was. The screen:
+    each format's error on the node's kernel alone (random inputs of ``seed``, computed in fp64 before any
+    kernel runs); a format over the whole budget on one kernel cannot be within it for the model, and is not
+    searched. ``strata.screens`` keeps what it found, per kernel problem."""
+    from ..quant import QuantTarget
+
+    if accuracy is None or not accuracy.allows_quantisation or not isinstance(target, QuantTarget):
+        return None
+    screens: dict[str, dict] = {}
+
+    def strata(problem):
+        vs = target.quant_variants(problem)
+        if len(vs) < 2:
+            return None
+        key = repr(problem)
+        if key not in screens:
+            errors = _variant_errors(target, problem, vs, seed + 1, accuracy.measure)
+            screens[key] = {"metric": accuracy.metric, "errors": errors,
+                            "searched": [v for v in vs if v == "fp32" or accuracy.excess(errors[v]) is None]}
+        kept = tuple(screens[key]["searched"])
+        if len(kept) < 2:
+            return None
+        out = [lambda p, v=v: target.quant_space(p, (v,)) for v in kept]
+        if problem.op == "mlp" and len(problem.layers) > 1 and len(kept) > 2:
+            out.append(lambda p: target.quant_space(p, kept))
+        return out
+
+    strata.screens = screens
+    return strata
+
+
+def _accuracy_check(graph: Graph, target: Target, genome, accuracy, seed: int):
+    """The finalist walk's judge of a plan's quantised steps (``validate.PlanAccuracy``), on inputs of another
+    seed than the search checks plans on."""
+    from ..quant import Accuracy
+    from ..validate import PlanAccuracy
+    from ..validate.accuracy import program_formats
+
+    xs = graph.example_inputs(seed + 1)
+
+    def output(c):
+        plan = target.plan(graph, genome.program(c.as_dict()))
+        return [o.copy() for o in plan(*xs)], graph.evaluate(*xs)
+
+    return PlanAccuracy(accuracy or Accuracy(), lambda c: program_formats(genome.program(c.as_dict())), output)
+
+
 def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 0, node_limit: int = 20_000,
-               weight: int = 1) -> Task:
+               weight: int = 1, accuracy=None) -> Task:
     """The task of one graph (a whole model, or one part of a partitioned one): its e-graph saturated within
     ``node_limit`` e-nodes, memory-pruned to ``budget`` bytes, extracted greedily and by ILP (the two seeds of
-    the search), and the genome over it (implementation choices and template knobs) as its space."""
+    the search), and the genome over it (implementation choices and template knobs) as its space.
+    ``accuracy``: the task's accuracy budget (``planforge.quant.Accuracy``; None: none stated, fp32 weights
+    only); one that allows quantisation makes each linear template's weight format a gene, and the plan's
+    outputs are judged by it."""
     device = target.ceilings()  # (measures the device on first use: before the clock starts)
     if device is None:
         raise TargetError(f"target {target.name!r} has no device ceilings: it cannot plan a whole model")
@@ -109,8 +177,9 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
             analytic_model(problem, space, target)
         return None if model is None else model.predict
 
+    strata = _quant_strata(target, accuracy, seed)
     genome = Genome.build(eg, a, allowed, g_choice, knob_space=target.knob_space, defaults=target.default_knobs,
-                          ranker=ranker)
+                          ranker=ranker, strata=strata)
     seeds, seed_of = [], {}
     for label, ch in [("ilp", i_choice), ("greedy", g_choice), *orders.items()]:
         c = genome.candidate_of(ch)
@@ -122,8 +191,13 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     def peak(c) -> int:
         return target.peak_bytes(graph, genome.program(c.as_dict()))
 
-    task = Task(key=key, space=genome.space, backend=target.graph_backend(graph, genome, seed=seed), weight=weight,
-                validators=(MemoryBudget(budget, peak),), peak_bytes=peak)
+    quant = strata is not None
+    backend = (target.graph_backend(graph, genome, seed=seed, accuracy=accuracy.to_json()) if quant else
+               target.graph_backend(graph, genome, seed=seed))
+    check = _accuracy_check(graph, target, genome, accuracy, seed) if quant else None
+    task = Task(key=key, space=genome.space, backend=backend, weight=weight,
+                validators=(MemoryBudget(budget, peak), *((check,) if check else ())), peak_bytes=peak,
+                record=(lambda c: {**check.record(c), "screen": strata.screens}) if check else None)
     task.seeds = seeds
     task.info = {**genome.describe(), "pruned_by_memory": len(pruned), "saturation_s": t1 - t0,
                  "greedy_s": t2 - t1, "ilp_s": t3 - t2, "ilp": how, "genome_s": t4 - t3,
@@ -133,7 +207,8 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
 
 def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = None, memory_budget_mb: float = 1024,
                    seed: int = 0, node_limit: int = 20_000, target: str | Target = "cpu",
-                   whole_below: int = WHOLE_BELOW, objective: "str | dict | None" = None) -> Workload:
+                   whole_below: int = WHOLE_BELOW, objective: "str | dict | None" = None,
+                   accuracy: str = "") -> Workload:
     """A whole-model workload: ``graph`` cut into parts (``rewrite.partition``), one task per distinct part
     (its weight: how many parts share its structure), each with its own e-graph and genome.
 
@@ -150,21 +225,38 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
             0 cuts every graph that has a cut point).
         objective: what the whole plan is judged by (``objective.Objective``: a dict, or a string such as
             ``control:chunk_steps=8,control_hz=10``; default None: end-to-end latency); recorded in the manifest.
+        accuracy: the accuracy budget, ``METRIC:BOUND[;TASK=METRIC:BOUND]`` (``planforge.quant.parse_budget``;
+            default "": none stated, fp32 weights only). Stated, each linear template's weight format (fp32,
+            bf16, int8, int4; per layer in a fused MLP) is a gene beside its tiles, a plan's outputs are judged
+            by the budget instead of the fp32 tolerance, and the whole model's output too (``endtoend``).
     A graph that stays whole is one task named ``graph``; the parts' tasks are named ``partK`` after the
     first part of their structure. ``Workload.partition`` holds the parts and why it was cut where it was.
     """
+    from ..quant import QuantError, QuantTarget, parse_budget
+
     target = get_target(target)
+    try:
+        budgets = parse_budget(accuracy)
+    except QuantError as e:
+        raise WorkloadError(f"option accuracy={accuracy!r}: {e}") from None
+    if budgets.stated and not isinstance(target, QuantTarget):
+        raise WorkloadError(f"an accuracy budget was stated, but the {target.name} target reads fp32 weights only")
     budget = int(memory_budget_mb * 2**20)
     t0 = time.perf_counter()
     part = partition(graph, whole_below=whole_below)
     t_part = time.perf_counter() - t0
+    # the workload's budget holds for the whole model's output: a part not given its own gets an equal share
+    # of it (``Accuracy.split``), and the chained plan is judged by the whole budget (``endtoend``)
+    share = budgets.default.split(len(part.parts))
+    acc = (lambda key: budgets.tasks.get(key, share)) if budgets.stated else (lambda key: None)
     if len(part.parts) == 1:
-        tasks = [graph_task(graph, "graph", target, budget, seed, node_limit)]
+        tasks = [graph_task(graph, "graph", target, budget, seed, node_limit, accuracy=acc("graph"))]
     else:
         tasks = []
         for key, idx in part.keys.items():
             rep = part.parts[idx[0]]
-            t = graph_task(rep.graph, f"part{rep.index}", target, budget, seed, node_limit, weight=len(idx))
+            t = graph_task(rep.graph, f"part{rep.index}", target, budget, seed, node_limit, weight=len(idx),
+                           accuracy=acc(f"part{rep.index}"))
             t.info.update({"structure": key, "instances": list(idx), "ops": len(rep.graph.nodes)})
             tasks.append(t)
     phases = {"partition_s": t_part, "saturation_s": sum(t.info["saturation_s"] for t in tasks),
@@ -178,7 +270,8 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     goal = Objective.parse(objective)
     if goal.kind != "latency" or goal.share_threshold != Objective().share_threshold:
         opts["objective"] = goal.to_json()
-    manifest = Manifest(name, shapes=shapes, dtypes={k: graph.input_dtype(k) for k in shapes}, options=opts)
+    manifest = Manifest(name, shapes=shapes, dtypes={k: graph.input_dtype(k) for k in shapes}, options=opts,
+                        accuracy=budgets.to_json() if budgets.stated else None)
     desc = f"{graph.name}: {len(graph.nodes)} ops, {graph.param_bytes() / 1e6:.2f} MB of weights"
     if len(part.parts) > 1:
         desc += f", {len(part.parts)} parts in {len(part.keys)} tasks"
@@ -191,10 +284,11 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
 
 
 def zoo_workload(name: str, memory_budget_mb: float = 1024, seed: int = 0, target: str | Target = "cpu",
-                 objective: "str | dict | None" = None, whole_below: int = WHOLE_BELOW) -> Workload:
+                 objective: "str | dict | None" = None, whole_below: int = WHOLE_BELOW,
+                 accuracy: str = "") -> Workload:
     """The zoo model ``name`` as a graph workload (see ``graph_workload`` for the rest)."""
     return graph_workload(ZOO[name](), name, memory_budget_mb=memory_budget_mb, seed=seed, target=target,
-                          objective=objective, whole_below=whole_below)
+                          objective=objective, whole_below=whole_below, accuracy=accuracy)
 
 
 def parse_shapes(text: str) -> dict[str, tuple[int, ...]] | None:
@@ -214,10 +308,12 @@ def parse_shapes(text: str) -> dict[str, tuple[int, ...]] | None:
 
 
 def file_workload(path: str, memory_budget_mb: float = 1024, seed: int = 0, input_shapes: str = "",
-                  target: str | Target = "cpu", strict: bool = False, peers: str = "auto") -> Workload:
+                  target: str | Target = "cpu", strict: bool = False, peers: str = "auto",
+                  accuracy: str = "") -> Workload:
     """A model file (.onnx, .pt2); ``input_shapes`` fixes dynamic sizes, e.g. ``x=1x256``; ``strict`` refuses a
     model with ops that have no rule (listing them all) instead of running them as library fallback steps;
-    ``peers``: the runtimes the whole plan is timed against (``planforge.peers``: auto, compile, none)."""
+    ``peers``: the runtimes the whole plan is timed against (``planforge.peers``: auto, compile, none);
+    ``accuracy``: the accuracy budget (``graph_workload``)."""
     from ..ir import load_model
 
     peers_option({"peers": peers})
@@ -225,4 +321,5 @@ def file_workload(path: str, memory_budget_mb: float = 1024, seed: int = 0, inpu
     g = load_model(path, input_shapes=shapes, strict=strict)
     opts = {"file": os.path.abspath(path), **({"input_shapes": input_shapes} if shapes else {}),
             **({"peers": peers} if peers != "auto" else {})}
-    return graph_workload(g, os.path.abspath(path), opts, memory_budget_mb=memory_budget_mb, seed=seed, target=target)
+    return graph_workload(g, os.path.abspath(path), opts, memory_budget_mb=memory_budget_mb, seed=seed, target=target,
+                          accuracy=accuracy)

@@ -74,8 +74,28 @@ def _prepared_graph(job: dict) -> tuple[Graph, list[np.ndarray], list[np.ndarray
     return _prepared[key]
 
 
+def quantised_error(program, outs: list[np.ndarray], ref: list[np.ndarray], accuracy: dict | None) -> str | None:
+    """Why a plan whose steps read quantised weights is over its accuracy budget (``accuracy``: the task's
+    ``Accuracy.to_json()``, or None: the default, which allows no quantisation), or None: judged on the whole
+    output against the fp64 reference, the worst output counting."""
+    from ...quant import Accuracy
+    from ...validate.accuracy import program_formats
+
+    fmts = program_formats(program)
+    if not fmts:
+        return None
+    names = ", ".join(f"{c} {f}" for c, f in sorted(fmts.items()))
+    budget = Accuracy(**accuracy) if accuracy else Accuracy()
+    if not budget.allows_quantisation:
+        return (f"accuracy: quantised weights ({names}), but no accuracy budget was stated, and the default allows "
+                f"no quantisation")
+    why = budget.excess(budget.worst(budget.measure(o, r) for o, r in zip(outs, ref)))
+    return f"accuracy: {names}: {why}" if why else None
+
+
 def run_plan_job(job: dict) -> dict:
-    """In the worker: load the plan, check it against the reference, time it."""
+    """In the worker: load the plan, check it against the reference (a quantised plan: against its accuracy
+    budget), time it."""
     g, xs, ref, tol = _prepared_graph(job)
     cfg = TimingConfig(**job.get("timing", {}))
     if job["impl"] == "numpy":
@@ -89,9 +109,15 @@ def run_plan_job(job: dict) -> dict:
             if v is not None:
                 np.copyto(v, x)
         fn = plan.run
-    for o, r in zip(out, ref):
+    for o in out:
         if not np.all(np.isfinite(o)):
             return {"status": "correctness", "message": "non-finite output"}
+    if job["impl"] != "numpy" and job.get("quantised"):
+        why = quantised_error(job["program"], out, ref, job.get("accuracy"))
+        if why:
+            return {"status": "correctness", "message": why}
+        return {"status": "ok", **timed(fn, cfg)}
+    for o, r in zip(out, ref):
         err = float(np.abs(o.astype(np.float64) - r).max())
         if err > tol:
             return {"status": "correctness", "message": f"max |out - ref| = {err:.3g} exceeds the tolerance {tol:.3g}"}
@@ -111,6 +137,8 @@ class GraphBackend:
         memory_limit: address-space limit of the measurement worker, bytes (default none).
         timeout: adaptive per-measurement timeout (default 10x the fastest, 5..120 s).
         cpus: CPUs the measurement worker is pinned to (default None: not pinned).
+        accuracy: the accuracy budget a plan with quantised weights is judged by instead of the fp32
+            tolerance (``Accuracy.to_json()``; default None: the default budget, no quantisation).
     """
 
     graph: Graph
@@ -122,6 +150,7 @@ class GraphBackend:
     timeout: AdaptiveTimeout = field(default_factory=AdaptiveTimeout)
     name: str = "cpu"
     cpus: tuple[int, ...] | None = None
+    accuracy: dict | None = None  # the task's accuracy budget (``Accuracy.to_json()``); None: no quantisation
     pin_cores = True  # plans run on this node's cores: executors give each slot its own
 
     def __post_init__(self):
@@ -167,8 +196,11 @@ class GraphBackend:
         return out
 
     def _job(self, impl: str, program=None, libs=None, problems=None) -> dict:
+        from ...validate.accuracy import program_formats
+
         return {"impl": impl, "graph": self.graph, "graph_key": self.graph_key, "seed": self.seed,
-                "program": program, "libs": libs, "problems": problems, "timing": self.timing.to_json()}
+                "program": program, "libs": libs, "problems": problems, "timing": self.timing.to_json(),
+                "quantised": bool(program_formats(program)), "accuracy": self.accuracy}
 
     def _run(self, job: dict) -> Outcome:
         return measure_isolated(self.worker, run_plan_job, job, self.timeout)
@@ -179,7 +211,7 @@ class GraphBackend:
         slot; the genome travels whole, so every copy's fingerprints agree)."""
         t = self.timeout
         return partial(_remote_graph_backend, self.graph, self.genome, self.profile, self.timing.to_json(),
-                       self.seed, self.memory_limit, (t.factor, t.lo, t.hi))
+                       self.seed, self.memory_limit, (t.factor, t.lo, t.hi), accuracy=self.accuracy)
 
     def builder(self) -> "GraphBuild":
         """The executors' build stage: builds a plan's template steps in
@@ -298,7 +330,8 @@ def graph_work(graph: Graph) -> dict[str, float]:
 
 
 def _remote_graph_backend(graph: Graph, genome, profile, timing: dict, seed: int, memory_limit: int | None,
-                          timeout: tuple[float, float, float], cpus: tuple[int, ...] | None = None) -> GraphBackend:
+                          timeout: tuple[float, float, float], cpus: tuple[int, ...] | None = None,
+                          accuracy: dict | None = None) -> GraphBackend:
     """Rebuild a GraphBackend in an executor slot. On another kind of machine the
     slot's own profile is used, so its times carry its own fingerprint."""
     from .kernel import node_device
@@ -307,4 +340,4 @@ def _remote_graph_backend(graph: Graph, genome, profile, timing: dict, seed: int
     if node_device() != profile.fingerprint:
         profile = get_profile(quick=True)
     return GraphBackend(graph, genome, profile, TimingConfig(**timing), seed, memory_limit, AdaptiveTimeout(*timeout),
-                        cpus=cpus)
+                        cpus=cpus, accuracy=accuracy)

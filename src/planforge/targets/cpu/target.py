@@ -229,10 +229,11 @@ class CpuTarget:
 
         return CpuBackend(problem, templates.TEMPLATES[problem.op], self.profile(), timing=self.timing, seed=seed)
 
-    def graph_backend(self, graph, genome, seed: int = 0):
+    def graph_backend(self, graph, genome, seed: int = 0, accuracy: dict | None = None):
+        """``accuracy``: the budget plans with quantised weights are judged by (``Accuracy.to_json()``)."""
         from .graph import GraphBackend
 
-        return GraphBackend(graph, genome, self.profile(), timing=self.timing, seed=seed)
+        return GraphBackend(graph, genome, self.profile(), timing=self.timing, seed=seed, accuracy=accuracy)
 
     def peak_bytes(self, graph, program: list[dict[str, Any]]) -> int:
         from .plan import peak_bytes_of

@@ -1,0 +1,170 @@
+"""Quantised weights inside model plans: the fused MLP in every format, the weight format as a gene of a graph
+task, and the accuracy budget judged on the model's own output (the whole model's, for a partitioned one)."""
+import ctypes
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from planforge.endtoend import whole_accuracy
+from planforge.ir.zoo import policy_mlp
+from planforge.quant import Accuracy
+from planforge.search import Budget
+from planforge.spec import load_spec
+from planforge.targets.cpu.build import build
+from planforge.targets.cpu.templates import mlp
+from planforge.tuning import tune
+from planforge.validate import PlanAccuracy
+from planforge.validate.accuracy import program_formats, step_format
+from planforge.workloads import WorkloadError
+from planforge.workloads.models import graph_workload
+
+# widths that are no multiple of any panel (jb * vec) and K no multiple of any int4 block
+LAYERS = [(70, 45, "relu"), (45, 83, "relu"), (83, 13, "none")]
+
+
+def _mlp_case(seed=0):
+    rng = np.random.default_rng(seed)
+    ws = [(rng.standard_normal((k, n)) * 0.2).astype(np.float32) for k, n, _ in LAYERS]
+    bs = [rng.standard_normal(n).astype(np.float32) for _, n, _ in LAYERS]
+    return rng.standard_normal(LAYERS[0][0]).astype(np.float32), ws, bs
+
+
+def _forward(x, ws, bs):
+    h = x.astype(np.float64)
+    for (_, _, a), w, b in zip(LAYERS, ws, bs):
+        h = h @ w.astype(np.float64) + b
+        h = np.maximum(h, 0) if a == "relu" else h
+    return h
+
+
+@pytest.mark.parametrize("formats,threads,splits,qblock,vec,jb", [
+    (("int4", "int8", "bf16"), 2, "kkk", 32, 8, 2),
+    (("int8", "int4", "int4"), 2, "nkn", 64, 16, 1),
+    (("bf16", "fp32", "int4"), 1, "nnn", 128, 4, 2),
+    (("int4", "int4", "int4"), 2, "knk", 32, 8, 2),
+    (("int8", "int8", "int8"), 2, "nnk", 32, 4, 4),
+])
+def test_quantised_fused_mlp_matches_its_dequantised_reference(profile, formats, threads, splits, qblock, vec, jb):
+    from planforge.targets.cpu.templates import limits
+
+    lim = limits(profile)
+    vec = min(vec, max(v for v in (1, 4, 8, 16) if v <= lim.vector_lanes))  # what this machine's ISA view has
+    threads = min(threads, lim.physical_cores)
+    knobs = {"vec": vec, "jb": jb, "ksplit": 2, "unroll": 2, "threads": threads, "spin_us": 1000, "pin": 1,
+             "qblock": qblock, **{f"split{i}": s for i, s in enumerate(splits)},
+             **{f"wfmt{i}": f for i, f in enumerate(formats)}}
+    x, ws, bs = _mlp_case()
+    lib = ctypes.CDLL(str(build(mlp.source(LAYERS, knobs), False).path))
+    y = np.full(LAYERS[-1][1], np.nan, np.float32)
+    run = mlp.bind(lib, LAYERS, knobs, x, ws, bs, y)
+    run()
+    ref = _forward(x, mlp.dequantised(LAYERS, knobs, ws), bs)
+    assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()  # fp32 rounding of the dequantised product only
+    exact = _forward(x, ws, bs)
+    assert np.abs(y - exact).max() > 1e-5 * np.abs(exact).max()  # and the weights really were quantised
+    run.pool.close()
+
+
+def test_formats_per_layer_and_per_step():
+    space = mlp.with_formats(mlp.space(LAYERS, SimpleNamespace(vector_lanes=8, vector_registers=16,
+                                                               physical_cores=2)), LAYERS,
+                             ("fp32", "int8", "int4:32", "int4:64"))
+    names = [k.name for k in space.knobs]
+    assert {"wfmt0", "wfmt1", "wfmt2", "qblock"} <= set(names)
+    # no int4 layer: one point per kernel (the first block only)
+    assert space.violations({**{k.name: k.values[0] for k in space.knobs}, "qblock": 64})
+    assert step_format({"wfmt0": "int8", "wfmt1": "fp32", "wfmt2": "int4", "qblock": 64}) == "int8/fp32/int4:64"
+    assert step_format({"wfmt": "int8", "act": "int8"}) == "int8+a8" and step_format({"vec": 8}) == "fp32"
+    with pytest.raises(ValueError, match="weights only"):
+        mlp.with_formats(space, LAYERS, ("int8+a8",))
+
+
+def _small_model():
+    return policy_mlp(1, (64, 96, 40, 8))
+
+
+def test_no_budget_leaves_the_graph_space_and_manifest_as_they_were():
+    g = _small_model()
+    plain = graph_workload(g, "m")
+    stated_fp32 = graph_workload(g, "m", accuracy="")
+    assert plain.manifest.key == stated_fp32.manifest.key and plain.manifest.accuracy is None
+    t = plain.tasks[0]
+    assert not any("wfmt" in k for cs in t.backend.genome.configs.values() for c in cs for k in c)
+    assert t.record is None and t.backend.accuracy is None
+
+
+def _quantised_candidate(task, fmt="int8"):
+    """A candidate of ``task`` whose program has a step in ``fmt``: every template node at a setting in it."""
+    genome = task.backend.genome
+    cfg = dict(task.seeds[0].as_dict())
+    for name, nid in genome.knob_of.items():
+        idx = [i for i, c in enumerate(genome.configs[nid]) if fmt in step_format(c)]
+        if idx:
+            cfg[name] = idx[0]
+    c = task.space.make(cfg)
+    assert program_formats(genome.program(c.as_dict())), "no quantised setting in the genome"
+    return c
+
+
+def test_a_budget_makes_the_format_a_gene_and_screens_formats_over_it():
+    w = graph_workload(_small_model(), "m", accuracy="max_rel_err:0.02")
+    t = w.tasks[0]
+    assert w.manifest.accuracy == {"metric": "max_rel_err", "bound": 0.02}
+    fmts = {step_format(c) for cs in t.backend.genome.configs.values() for c in cs}
+    assert any("int8" in f for f in fmts) and any("bf16" in f for f in fmts)
+    screens = t.record(t.seeds[0])["screen"]
+    assert screens and all("int4:32" not in s["searched"] for s in screens.values())  # int4 is ~5% per layer
+    assert not any("int4" in f for f in fmts)
+    with pytest.raises(WorkloadError, match="accuracy"):
+        graph_workload(_small_model(), "m", accuracy="max_rel_err:lots")
+
+
+def test_a_plan_over_budget_is_rejected_with_its_error_and_the_default_rejects_it_unrun():
+    w = graph_workload(_small_model(), "m", accuracy="max_rel_err:0.02")
+    t = w.tasks[0]
+    c = _quantised_candidate(t)
+    check = next(v for v in t.validators if isinstance(v, PlanAccuracy))
+    assert check(c) is None  # int8 within 2%
+    err = check.error(c)
+    assert 0 < err <= 0.02
+    tight = PlanAccuracy(Accuracy("max_rel_err", err / 10), check.formats, check.output)
+    why = tight(c)
+    assert why.startswith("accuracy: ") and "exceeds the budget" in why and "10x the bound" in why
+    unrun = PlanAccuracy(Accuracy(), check.formats, lambda c: pytest.fail("the default budget must not run it"))
+    assert "no accuracy budget was stated" in unrun(c)
+    # the measurement judges it too: the same genome measured under a tighter budget is a recorded outcome
+    from planforge.targets import get_target
+
+    backend = get_target("cpu").graph_backend(w.graph, t.backend.genome, accuracy=tight.budget.to_json())
+    try:
+        (o,) = backend.measure([c])
+    finally:
+        backend.close()
+    assert not o.ok and o.category == "correctness" and "exceeds the budget" in o.message
+
+
+def test_a_quantised_model_tuning_records_formats_error_and_budget(tmp_path):
+    w = graph_workload(_small_model(), "m", accuracy="max_rel_err:0.02")
+    t = w.tasks[0]
+    t.seeds = [_quantised_candidate(t), *t.seeds]  # make sure a quantised plan is measured
+    r = tune(w, strategy="random", budget=Budget(evals=3), seed=0, out=tmp_path / "q")
+    spec = load_spec(r.spec_path)  # validates against the schema
+    q = spec["tasks"]["graph"]["quant"]
+    assert q["budget"] == {"metric": "max_rel_err", "bound": 0.02} and 0 <= q["error"]["value"] <= 0.02
+    assert q["formats"] == program_formats(spec["tasks"]["graph"]["program"])
+    tried = [program_formats(t.backend.program(x.candidate)) for x in r.tasks[0].result.trials if x.outcome.ok]
+    assert any(tried), "the quantised seed was not measured"
+
+
+def test_the_whole_model_budget_is_split_over_parts_and_judged_on_the_chain():
+    assert Accuracy("max_rel_err", 0.01).split(4).bound == pytest.approx(0.0025)
+    assert Accuracy("cosine", 0.999).split(2).bound == pytest.approx(0.9995)
+    wl = SimpleNamespace(manifest=SimpleNamespace(accuracy={"metric": "max_rel_err", "bound": 0.01}))
+    ref = [np.linspace(-1, 1, 11)]
+    q = [{"cls": "T1", "knobs": {"wfmt": "int8"}}]
+    assert whole_accuracy(wl, {"part0": None, "part1": [{"cls": "T1", "knobs": {"vec": 8}}]}, ref, ref) is None
+    ok = whole_accuracy(wl, {"part0": q}, [ref[0] + 0.005], ref)
+    assert ok["excess"] is None and ok["quantised_tasks"] == ["part0"]
+    bad = whole_accuracy(wl, {"part0": q, "part1": q}, [ref[0] + 0.03], ref)
+    assert "exceeds the budget 0.01" in bad["excess"] and bad["value"] == pytest.approx(0.03)
