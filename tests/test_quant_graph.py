@@ -168,3 +168,37 @@ def test_the_whole_model_budget_is_split_over_parts_and_judged_on_the_chain():
     assert ok["excess"] is None and ok["quantised_tasks"] == ["part0"]
     bad = whole_accuracy(wl, {"part0": q, "part1": q}, [ref[0] + 0.03], ref)
     assert "exceeds the budget 0.01" in bad["excess"] and bad["value"] == pytest.approx(0.03)
+
+
+def test_a_quantised_fused_plan_exports_to_c_with_its_formats(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("needs a C compiler")
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_batch1 import INNER, mlp_program
+
+    from planforge.spec.export_c import export_c
+    from planforge.targets.cpu import CpuTarget
+
+    widths = (19, 37, 23, 5)
+    knobs = dict(INNER[0], threads=2, spin_us=mlp.SPIN_US[0], pin=1, split0="k", split1="n", split2="k",
+                 wfmt0="int4", wfmt1="int8", wfmt2="bf16", qblock=32)
+    knobs["vec"] = min(knobs["vec"], CpuTarget().limits().vector_lanes)
+    g = policy_mlp(1, widths)
+    plan = CpuTarget().plan(g, mlp_program(widths, knobs))
+    (x,) = g.example_inputs(3)
+    want = plan(x)[0]
+    exact = g.evaluate(x)[0]
+    assert np.abs(want - exact).max() > 1e-5 * np.abs(exact).max()  # quantised: not the fp32 answer
+    export_c(plan, tmp_path, spec={"manifest": {"workload": "q-mlp"}, "target": {"fingerprint": "here"}})
+    assert "int8_t W0[" in (tmp_path / "plan.c").read_text() and "uint16_t W2[" in (tmp_path / "plan.c").read_text()
+    (tmp_path / "in.bin").write_bytes(np.ascontiguousarray(x, np.float32).tobytes())
+    p = subprocess.run([str(tmp_path / "plan_main"), "-n", "50", "-r", "1", "-i", str(tmp_path / "in.bin"), "-o",
+                        str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.float32).reshape(want.shape)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-6)  # the C library computes what the Python plan does
