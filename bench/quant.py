@@ -16,7 +16,13 @@ For each model planforge tunes every linear layer as a GEMV task (``planforge.tu
   (``qtt same format``: what the tiles alone are worth) and the most compressed format the budget screen
   accepts (``qtt compressed``: a format decided first, then tiled blindly);
 
-and, for the GEMV, each format in a search of its own. The accuracy budget is ONNX Runtime's own error
+and, for the GEMV, each format in a search of its own. With ``--whole`` (the default) each model is also tuned
+whole, as a model (its ONNX file imported, ``planforge.workloads.models.graph_workload``): fp32 with no budget;
+``model joint``, the budget stated for the model's output, so that every linear template's format (per layer
+in a fused MLP) is a gene and each plan is judged on the model's output; and ``model qtt``, the fp32 model
+plan's tiles with each step's weights in the most compressed format its screen accepts (formats decided
+first, then the tiles of another search: its error is measured, not promised). The whole-model budget is ORT
+dynamic int8's error itself, not split. The per-layer accuracy budget is ONNX Runtime's own error
 (dynamic int8, ``quantize_dynamic``) on the same inputs, split evenly over the model's layers, so that a
 plan the walk accepts is about as accurate as ORT's, or better (unless ``--accuracy`` gives a per-layer one). Then, in this one process,
 interleaved round by round on the same input: every planforge plan (compiled kernels, bound once; numpy
@@ -331,6 +337,10 @@ def bench(model, args, tmp: Path) -> dict:
     runners, outs = {}, {}
     for name, ps in plans.items():
         runners[f"planforge {name}"], outs[f"planforge {name}"] = chain(model, ps, ws, x)
+    whole = {}
+    if args.whole:
+        for name, (f, y, info) in whole_model(model, ws, x, f"max_rel_err:{ort:.4g}", args, tmp).items():
+            runners[f"planforge {name}"], outs[f"planforge {name}"], whole[name] = f, y, info
     for k, (f, _) in peers.items():
         runners[k] = f
     med = interleaved(runners, args.rounds)
@@ -340,7 +350,82 @@ def bench(model, args, tmp: Path) -> dict:
         rows.append({"runner": name, "median_s": med[name], "max_rel_err": max_rel_err(out, ref),
                      "cosine": cosine(out, ref)})
     return {"model": model, "accuracy": budget.to_json(), "rows": rows, "records": records, "notes": notes,
-            "plans": {k: v for k, v in plans.items()}}
+            "plans": {k: v for k, v in plans.items()}, "whole": whole}
+
+
+COMPRESSED = {"int4:128": ("int4", 128), "int4:64": ("int4", 64), "int4:32": ("int4", 32), "int8": ("int8", 32),
+              "bf16": ("bf16", 32)}
+
+
+def _compressed(program, screens):
+    """The fp32 program with each quantisable step's weights in the most compressed format its screen accepts
+    (weight-only formats, so that a fused MLP can take it too): quantise first, then someone else's tiles."""
+    out, chosen = [], {}
+    for st in program:
+        st = dict(st)
+        p = st.get("problem")
+        scr = None
+        if p is not None and st.get("knobs"):
+            from planforge.ops.kernel import problem_from_json
+
+            scr = screens.get(repr(problem_from_json(p)))
+        if scr:
+            first = next((v for v in COMPRESSION if v in scr["searched"] and v in COMPRESSED), None)
+            if first:
+                fmt, block = COMPRESSED[first]
+                k = dict(st["knobs"])
+                if p.get("op") == "mlp":
+                    k.update({f"wfmt{i}": fmt for i in range(len(p["layers"]))}, qblock=block)
+                else:
+                    k.update(wfmt=fmt, qblock=block, **({"act": "fp32"} if "act" in k else {}))
+                    k["w_layout" if p.get("op") == "gemv" else "pack_b"] = "packed" if p.get("op") == "gemv" else 1
+                st["knobs"] = k
+                chosen[st["cls"]] = first
+        out.append(st)
+    return out, chosen
+
+
+def whole_model(model, ws, x, accuracy, args, tmp: Path) -> dict:
+    """The model tuned whole: fp32, joint under ``accuracy`` (the model's output), and quantise-then-tile;
+    name -> (runner, its output buffer's values, facts)."""
+    import onnx
+
+    from planforge import load
+    from planforge.ir import from_onnx
+    from planforge.targets import get_target
+    from planforge.workloads.models import graph_workload
+
+    path = tmp / f"{model}-whole.onnx"
+    onnx.save(onnx_model(model, ws), path)
+    g = from_onnx(str(path))
+    xin = x.reshape(1, -1)
+    out = {}
+    specs = {}
+    for name, acc in (("model fp32", ""), ("model joint", accuracy)):
+        t0 = time.perf_counter()
+        r = tune(graph_workload(g, f"{model}-{name.split()[1]}", accuracy=acc), strategy="auto",
+                 budget=Budget(evals=args.model_budget), seed=args.seed, out=tmp / f"{model}-{name.split()[1]}")
+        if r.spec is None:
+            print(f"  {name}: no plan ({r.tasks[0].error})", flush=True)
+            continue
+        specs[name] = r.spec
+        plan = load(r.spec_path, graph=g)
+        y = plan(xin)[0]
+        q = r.spec["tasks"]["graph"].get("quant") or {}
+        info = {"tuning_s": time.perf_counter() - t0, "formats": q.get("formats", {}),
+                "error_in_walk": (q.get("error") or {}).get("value")}
+        print(f"  {name}: tuned in {info['tuning_s']:.0f} s; steps "
+              + ", ".join(s["op"] for s in r.spec["tasks"]["graph"]["program"] if s.get("knobs"))
+              + (f"; formats {info['formats'] or 'fp32 only'}" if acc else ""), flush=True)
+        out[name] = (lambda plan=plan: plan(xin), y, info)
+    if "model fp32" in specs and "model joint" in specs:
+        screens = (specs["model joint"]["tasks"]["graph"].get("quant") or {}).get("screen", {})
+        prog, chosen = _compressed(specs["model fp32"]["tasks"]["graph"]["program"], screens)
+        plan = get_target("cpu").plan(g, prog)
+        y = plan(xin)[0]
+        print(f"  model qtt: the fp32 plan's tiles with {chosen or 'no format the screen accepts'}", flush=True)
+        out["model qtt"] = (lambda plan=plan: plan(xin), y, {"formats": chosen})
+    return out
 
 
 def main() -> int:
@@ -351,6 +436,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--accuracy", default="", help="the budget, e.g. max_rel_err:0.01 (default: ORT int8's error)")
     ap.add_argument("--no-per-format", dest="per_format", action="store_false")
+    ap.add_argument("--no-whole", dest="whole", action="store_false", help="skip tuning each model whole")
+    ap.add_argument("--model-budget", type=int, default=24, help="evaluations per whole-model search")
     ap.add_argument("--no-torch", dest="torch", action="store_false", help="leave torch out of the process")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
