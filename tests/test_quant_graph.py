@@ -155,6 +155,16 @@ def test_a_quantised_model_tuning_records_formats_error_and_budget(tmp_path):
     assert q["formats"] == program_formats(spec["tasks"]["graph"]["program"])
     tried = [program_formats(t.backend.program(x.candidate)) for x in r.tasks[0].result.trials if x.outcome.ok]
     assert any(tried), "the quantised seed was not measured"
+    # spec diff names a step whose format changed
+    import copy
+
+    from planforge.spec.diff import diff_specs
+
+    other = copy.deepcopy(spec)
+    step = next(s for s in other["tasks"]["graph"]["program"] if s["op"] in ("fused_mlp", "tmpl2", "tmpl3"))
+    other["tasks"]["graph"]["quant"]["formats"][step["cls"]] = "int8"
+    paths = {c.path for c in diff_specs(spec, other)}
+    assert f"tasks.graph.quant.formats.{step['cls']}" in paths
 
 
 def test_the_whole_model_budget_is_split_over_parts_and_judged_on_the_chain():
