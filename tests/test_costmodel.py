@@ -292,9 +292,9 @@ def test_task_dims_and_shape_columns():
 
 
 def test_learned_ranker_describes_other_shapes_rows_by_their_own_shape():
-    """Trained only on another shape's times (one query group named by its task key), the ranker orders
-    this shape's points well, where reading those rows as this shape's (a group without a shape in its
-    name) does not: the gemv's best block width depends on the shape."""
+    """Trained on another shape's times (one query group named by its task key) and 8 of this shape's,
+    the ranker orders this shape's points well, where reading those rows as this shape's (a group
+    without a shape in its name) does not: the gemv's best block width depends on the shape."""
     ms, ss = model_for("gemv", (512, 256))
     mt, st = model_for("gemv", (1024, 512))
     rng = random.Random(0)
@@ -302,12 +302,16 @@ def test_learned_ranker_describes_other_shapes_rows_by_their_own_shape():
     ct, tabt = truth(mt, st)
     fit_s = [c for c in cs if math.isfinite(ms.predict([c])[0])]
     fit_t = [c for c in ct if math.isfinite(mt.predict([c])[0])]
-    sample, test = rng.sample(fit_s, 64), rng.sample(fit_t, 300)
+    sample, test = rng.sample(fit_s, 64), rng.sample(fit_t, 308)
+    own, test = test[:8], test[8:]
     meas = [tabt[c.fingerprint] for c in test]
     rho = {}
     for group in ("gemv_512x256_none on another-device", "elsewhere"):
         r = LearnedRanker(st, mt, seed=0)
-        assert r.add_configs([(group, c.as_dict(), tabs[c.fingerprint]) for c in sample]) == 64 and r.fit()
+        assert r.add_configs([(group, c.as_dict(), tabs[c.fingerprint]) for c in sample]) == 64
+        assert r.fit() == (group == "elsewhere")  # another shape's rows wait for min_fit of this shape's
+        r.add(own, [tabt[c.fingerprint] for c in own])
+        assert r.fit()
         rho[group] = spearman(r.predict(test), meas)
     assert rho["gemv_512x256_none on another-device"] > 0.85 > rho["elsewhere"] + 0.2
     r = LearnedRanker(st, mt, seed=0)
