@@ -451,3 +451,34 @@ def test_a_pool_between_nhwc_convolutions_needs_no_transpose():
     pooled = {n.eclass for n in pools}
     assert any(n.children[0] in pooled for ns in eg.classes.values() for n in ns if n.impl == "tmpl"
                and n.args[0].endswith("_nhwc"))  # and the next convolution reads it in NHWC
+
+
+class _Inverted(nn.Module):
+    def __init__(self, cin, cout, s, t=3):
+        super().__init__()
+        mid, self.res = cin * t, s == 1 and cin == cout
+
+        def cbr(a, b, k, s=1, g=1, act=True):
+            return nn.Sequential(nn.Conv2d(a, b, k, s, k // 2, groups=g, bias=False), nn.BatchNorm2d(b),
+                                 *([nn.ReLU6()] if act else []))
+        self.body = nn.Sequential(cbr(cin, mid, 1), cbr(mid, mid, 3, s, mid), cbr(mid, cout, 1, act=False))
+
+    def forward(self, x):
+        return x + self.body(x) if self.res else self.body(x)
+
+
+def test_blocks_without_a_residual_are_cut_where_blocks_meet():
+    """Every op of a block without a residual is a cut point; cut every few ops, MobileNet's identical blocks were
+    different parts (its partition put two blocks in most parts, all different); cut before the convolutions that
+    start blocks, identical blocks are one task."""
+    from planforge.ir import from_torch
+
+    torch.manual_seed(0)
+    m = _randomise_bn(nn.Sequential(_Inverted(4, 8, 2), _Inverted(8, 8, 1), _Inverted(8, 8, 1), _Inverted(8, 12, 2),
+                                    _Inverted(12, 12, 1), _Inverted(12, 12, 1)))
+    g = from_torch(m, (torch.randn(1, 4, 16, 16),))
+    part = partition(g, whole_below=0)
+    ops = [[n.op for n in p.graph.nodes] for p in part.parts]
+    block = ["conv2d", "batchnorm", "relu6"] * 2 + ["conv2d", "batchnorm"]
+    assert ops == [block] + [block + ["add"]] * 2 + [block] + [block + ["add"]] * 2
+    assert len(part.keys) == 4 and part.dedupe == 1.5

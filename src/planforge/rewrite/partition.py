@@ -160,6 +160,44 @@ def _distinct(g: Graph, bounds: list[tuple[int, int]], shapes) -> int:
     return len({structural_key(_part_graph(g, k, a, b, shapes)[0]) for k, (a, b) in enumerate(bounds)})
 
 
+def _work(g: Graph, bounds: list[tuple[int, int]], shapes, keys: dict) -> int:
+    """The ops there are to tune: each distinct part's, once (``keys`` caches a segment's key)."""
+    seen: dict[str, int] = {}
+    for k, (a, b) in enumerate(bounds):
+        if (a, b) not in keys:
+            keys[(a, b)] = structural_key(_part_graph(g, k, a, b, shapes)[0])
+        seen.setdefault(keys[(a, b)], b - a)
+    return sum(seen.values())
+
+
+def _aligned(g: Graph, cuts: list[int], min_nodes: int, shapes, bounds: list[tuple[int, int]]):
+    """Cuts kept only before a convolution (a ``roofline`` op: its batch norm and activations follow it, so a cut
+    before it separates no fusion), and of those only where the ops on either side are of chosen kinds (``(op
+    before, op after)``, the subset with the fewest ops to tune): a stretch of cut points (MobileNet's blocks
+    without a residual are cuttable after every op) is cut where blocks meet, not every ``min_nodes`` ops, so that
+    identical blocks are identical parts. ``bounds`` when no such choice tunes fewer ops."""
+    from itertools import combinations
+
+    from ..ops import REGISTRY
+
+    ahead = [c for c in cuts if getattr(REGISTRY.get(g.nodes[c + 1].op), "roofline", False)]
+    sig = {c: (g.nodes[c].op, g.nodes[c + 1].op) for c in ahead}
+    kinds = sorted(set(sig.values()))
+    if not kinds or len(kinds) > 8:
+        return bounds
+    keys: dict = {}
+    best, best_work = bounds, _work(g, bounds, shapes, keys)
+    for r in range(1, len(kinds) + 1):
+        for chosen in combinations(kinds, r):
+            kept = [c for c in ahead if sig[c] in chosen]
+            for back in (False, True):
+                b = _segments(g, kept, min_nodes, backward=back)
+                w = _work(g, b, shapes, keys)
+                if w < best_work:
+                    best, best_work = b, w
+    return best
+
+
 def partition(g: Graph, min_nodes: int = MIN_NODES, whole_below: int = WHOLE_BELOW) -> Partition:
     """The parts of ``g`` (see the module's docstring); a graph too small or without a cut point is one part."""
     shapes = g.shapes()
@@ -174,6 +212,7 @@ def partition(g: Graph, min_nodes: int = MIN_NODES, whole_below: int = WHOLE_BEL
         back = _segments(g, cuts, min_nodes, backward=True)
         if back != bounds and _distinct(g, back, shapes) < _distinct(g, bounds, shapes):
             bounds = back
+        bounds = _aligned(g, cuts, min_nodes, shapes, bounds)
         if len(bounds) == 1:
             reason = f"kept whole: no value alone carries the state between any two of its {len(g.nodes)} ops"
         else:
