@@ -372,7 +372,7 @@ def main() -> int:
                   f"plan(x) +{(single['plan(x)'] - single['kernel']) * 1e6:.2f} us, plan(x, out=y) "
                   f"+{(single['plan(x, out=y)'] - single['kernel']) * 1e6:.2f} us (kernel {single['kernel'] * 1e6:.2f} us)")
         else:
-            print("  call overhead: the loaded plan has no compiled call path (not one fused step): not measured")
+            print("  call overhead: the loaded plan has no compiled call path (a step that is not native): not measured")
         have = [p for p in PEERS if p in med]
         if have:
             best = min(have, key=lambda p: med[p])

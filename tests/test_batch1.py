@@ -259,3 +259,45 @@ def test_plan_pool_stops_with_the_plan():
     del plan, f
     gc.collect()
     assert _threads() == before
+
+
+def _program_where(g, want):
+    """A program of ``g``'s genome whose implementation steps are what ``want(ops)`` accepts (seeded samples)."""
+    import random
+
+    from planforge.workloads.models import graph_workload
+
+    t = graph_workload(g, "chain").tasks[0]
+    rng = random.Random(0)
+    for _ in range(3000):
+        prog = t.backend.genome.program(t.space.sample(rng).as_dict())
+        ops = [s["op"] for s in prog if s["op"] in ("fused_mlp", "tmpl1", "tmpl2", "tmpl3", "lib1", "lib2", "lib3")
+               and not (s["op"] == "lib1" and s["args"][0] == "reshape")]
+        if want(ops):
+            return prog
+    pytest.fail("no such program among the samples")
+
+
+def test_a_plan_of_several_native_steps_is_one_native_call():
+    from planforge.targets.cpu import CpuTarget, fastcall
+
+    if fastcall.unavailable() is not None:
+        pytest.skip(fastcall.unavailable())
+    g = policy_mlp(1, (19, 37, 23, 5))
+    prog = _program_where(g, lambda ops: len(ops) >= 2 and all(o in ("fused_mlp", "tmpl2", "tmpl3") for o in ops))
+    plan = CpuTarget().plan(g, prog)
+    (x,) = g.example_inputs(1)
+    want = plan(x)[0]
+    f = plan.single()
+    assert type(f).__name__ == "Bound"  # the chain runner: one call from Python for all its steps
+    close(f(x), g.evaluate(x)[0])
+    assert np.array_equal(f(x), want)
+    out = np.full_like(want, np.nan)
+    assert f(x, out=out) is out and np.array_equal(out, want)
+    assert np.array_equal(f(x.astype(np.float64)), want)  # another dtype: the Python path, the same answer
+    assert f.kernel_time(x, out, 3) > 0
+    # a library step in between: not native, so no chain (the Python path runs it)
+    prog = _program_where(g, lambda ops: "lib2" in ops and any(o in ("fused_mlp", "tmpl2", "tmpl3") for o in ops))
+    plan = CpuTarget().plan(g, prog)
+    assert any(getattr(f, "native", None) is None for f in plan.steps)  # a numpy step runs at run time
+    assert plan.lean() is None and np.allclose(plan.single()(x), g.evaluate(x)[0], rtol=1e-4, atol=1e-5)

@@ -12,6 +12,12 @@ kernel on them in place, holding the GIL (the call is shorter than a release
 and re-acquire). Anything else (another dtype, a strided view, a list, a
 torch tensor) goes to the plan's own Python path, which converts and checks.
 
+A plan of several native steps is made one native entry by ``chain``: a
+small compiled runner that copies ``in`` into the plan's input slot, calls
+each step's C function on its bound arguments in order, and copies the
+output slot to ``out`` (two copies of a few hundred floats, against a
+ctypes call per step and numpy's copies on the Python path).
+
 ``bound(fn_addr, handle, in_shape, out_shape, fallback, keep)`` returns the
 callable, or None when the extension cannot be built here (no Python
 headers, no compiler): the caller then keeps its ctypes path;
@@ -21,6 +27,7 @@ kernel's own time in this process, which a call's overhead is measured over.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.machinery
 import importlib.util
 import sysconfig
@@ -216,6 +223,41 @@ PyMODINIT_FUNC PyInit__pf_fastcall(void) {
 }
 """
 
+_CHAIN = r"""
+#include <string.h>
+typedef void (*step_fn)(void *);
+typedef struct { long n; step_fn *fn; void **arg; float *in; long nin; const float *out; long nout; } pf_chain;
+
+void pf_chain_run(void *h, const float *in, float *out) {
+    pf_chain *c = (pf_chain *)h;
+    memcpy(c->in, in, (size_t)c->nin * sizeof(float));
+    for (long i = 0; i < c->n; i++) c->fn[i](c->arg[i]);
+    memcpy(out, c->out, (size_t)c->nout * sizeof(float));
+}
+"""
+
+
+class _Chain(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_long), ("fn", ctypes.c_void_p), ("arg", ctypes.c_void_p), ("inp", ctypes.c_void_p),
+                ("nin", ctypes.c_long), ("out", ctypes.c_void_p), ("nout", ctypes.c_long)]
+
+
+def chain(natives: list[tuple[int, int]], in_view: np.ndarray, out_view: np.ndarray, keep) -> tuple[int, int, object]:
+    """One native entry ``run(handle, in, out)`` for steps ``natives`` (each ``(address of f, argument)``, run
+    as ``f(argument)`` in order) reading ``in_view`` and writing ``out_view`` (C-contiguous fp32 arrays the
+    steps are bound to): ``(entry address, handle, owner)``, the owner keeping the runner, its tables and
+    ``keep`` (the steps and their buffers) alive. ``BuildError`` when the runner does not compile here."""
+    from .build import build
+
+    lib = ctypes.CDLL(str(build(_CHAIN).path))
+    fns = (ctypes.c_void_p * len(natives))(*[f for f, _ in natives])
+    args = (ctypes.c_void_p * len(natives))(*[a for _, a in natives])
+    c = _Chain(len(natives), ctypes.addressof(fns), ctypes.addressof(args), in_view.ctypes.data, in_view.size,
+               out_view.ctypes.data, out_view.size)
+    owner = (lib, fns, args, c, in_view, out_view, keep)
+    return ctypes.cast(lib.pf_chain_run, ctypes.c_void_p).value, ctypes.addressof(c), owner
+
+
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
 
@@ -264,4 +306,4 @@ def bound(fn_addr: int, handle: int, in_shape: tuple[int, ...], out_shape: tuple
                      fallback, keep, np.ndarray)
 
 
-__all__ = ["bound", "unavailable"]
+__all__ = ["bound", "chain", "unavailable"]

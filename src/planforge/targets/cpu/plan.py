@@ -296,22 +296,33 @@ class Plan:
         return (self.lean(run) if lean else None) or run
 
     def lean(self, fallback: Callable | None = None) -> Callable[..., np.ndarray] | None:
-        """The hot path as one compiled call (``fastcall``), for a plan that is one native step taking its buffers
-        per call (a fused MLP): ``f(x, *, out=None)`` runs the kernel on a numpy C-contiguous fp32 ``x`` of the
-        input's shape and ``out`` of the output's (default: a fresh array) in place, with no copy, and hands any
-        other arguments, as given, to ``fallback`` (default None: ``single(lean=False)``). None when the plan has no
-        such step or the extension cannot be built here."""
+        """The hot path as one compiled call (``fastcall``): ``f(x, *, out=None)`` runs the plan on a numpy
+        C-contiguous fp32 ``x`` of the input's shape and ``out`` of the output's (default: a fresh array), and
+        hands any other arguments, as given, to ``fallback`` (default None: ``single(lean=False)``). A plan that
+        is one native step taking its buffers per call (a fused MLP) runs on ``x`` and ``out`` in place; a plan
+        whose every step is native (compiled kernels, no library step) runs as one chain from C, ``x`` copied into
+        its input slot and its output slot into ``out``. None when a step is not native, the plan has more than
+        one input or output, or the extension cannot be built here."""
         view = self._in[0][1] if len(self._in) == 1 else None
+        res = self._out[0] if len(self._out) == 1 else None
         steps = self.steps
-        entry = getattr(steps[0], "entry", None) if len(steps) == 1 and len(self._out) == 1 and view is not None \
-            else None
-        res = self._out[0] if self._out else None
-        # the one step must read the input slot and write the output slot, or skipping them would skip data
-        if entry is None or entry[3:] != (view.ctypes.data, res.ctypes.data):
+        if view is None or res is None or not steps or any(res is c for c in self.constants.values()):
             return None
-        from .fastcall import bound
+        from .fastcall import bound, chain
 
-        return bound(entry[0], entry[1], view.shape, res.shape, fallback or self.single(lean=False), entry[2])
+        fallback = fallback or self.single(lean=False)
+        entry = getattr(steps[0], "entry", None) if len(steps) == 1 else None
+        # the one step must read the input slot and write the output slot, or skipping them would skip data
+        if entry is not None and entry[3:] == (view.ctypes.data, res.ctypes.data):
+            return bound(entry[0], entry[1], view.shape, res.shape, fallback, entry[2])
+        natives = [getattr(f, "native", None) for f in steps]
+        if None in natives or not (view.flags.c_contiguous and res.flags.c_contiguous):
+            return None
+        try:
+            fn, handle, owner = chain(natives, view, res, (steps, self))
+        except Exception:  # noqa: BLE001 - no compiler for the runner here: the Python path stays
+            return None
+        return bound(fn, handle, view.shape, res.shape, fallback, owner)
 
     @property
     def peak_bytes(self) -> int:

@@ -124,7 +124,8 @@ def header() -> str:
 
 
 def struct_call(fn, args: ctypes.Structure, keep: Any = ()) -> Callable[[], None]:
-    """``fn(&args)`` as a no-argument call; ``keep`` holds the arrays the struct points into alive as long as it."""
+    """``fn(&args)`` as a no-argument call; ``keep`` holds the arrays the struct points into alive as long as it.
+    ``run.native``: ``(address of fn, &args)``, for a caller in C."""
     fn.argtypes = [ctypes.c_void_p]
     fn.restype = None
     ptr = ctypes.addressof(args)
@@ -133,4 +134,5 @@ def struct_call(fn, args: ctypes.Structure, keep: Any = ()) -> Callable[[], None
     def run(fn=fn, ptr=ptr, keep=keep):
         fn(ptr)
 
+    run.native = (ctypes.cast(fn, ctypes.c_void_p).value, ptr)  # fn(ptr) from C: a lean chain calls it directly
     return run

@@ -507,6 +507,7 @@ def bind(lib: ctypes.CDLL, layers, knobs: dict[str, Any], x: np.ndarray, weights
         go(h)
 
     run.pool = pool
+    run.native = (ctypes.cast(go, ctypes.c_void_p).value, h)  # pf_mlp_go(handle) on the bound buffers, from C
     # what a lean caller needs to run it on its own buffers: run(handle, x, y)'s address, the handle, its owner,
     # and the buffers it is bound to (the caller checks they are the ones it would otherwise copy through)
     run.entry = (ctypes.cast(raw, ctypes.c_void_p).value, h, pool, x.ctypes.data, y.ctypes.data)
