@@ -90,7 +90,8 @@ class AccuracyBudget:
 
 @dataclass
 class PlanAccuracy:
-    """The accuracy budget of a whole-graph plan (a model, or a part of one) in the finalist walk.
+    """The accuracy budget of a whole-graph plan (a model, or a part of one) in the finalist walk (its outputs on
+    several input draws: the worst counts).
 
     Parameters:
         budget: the task's budget; the default (none stated) rejects any plan with a quantised step unrun.

@@ -120,18 +120,26 @@ def _quant_strata(target: Target, accuracy, seed: int = 0):
     return strata
 
 
+VALIDATION_DRAWS = 4  # input draws a quantised plan's error is judged on in the walk: the worst counts
+
+
 def _accuracy_check(graph: Graph, target: Target, genome, accuracy, seed: int):
-    """The finalist walk's judge of a plan's quantised steps (``validate.PlanAccuracy``), on inputs of another
-    seed than the search checks plans on."""
+    """The finalist walk's judge of a plan's quantised steps (``validate.PlanAccuracy``): the worst error over
+    ``VALIDATION_DRAWS`` input draws of other seeds than the search checks plans on (a quantised plan's error
+    moves with the input: one draw within the budget says little of the next)."""
     from ..quant import Accuracy
     from ..validate import PlanAccuracy
     from ..validate.accuracy import program_formats
 
-    xs = graph.example_inputs(seed + 1)
+    draws = [graph.example_inputs(seed + 1 + i) for i in range(VALIDATION_DRAWS)]
 
     def output(c):
         plan = target.plan(graph, genome.program(c.as_dict()))
-        return [o.copy() for o in plan(*xs)], graph.evaluate(*xs)
+        outs, refs = [], []
+        for xs in draws:
+            outs += [o.copy() for o in plan(*xs)]
+            refs += graph.evaluate(*xs)
+        return outs, refs
 
     return PlanAccuracy(accuracy or Accuracy(), lambda c: program_formats(genome.program(c.as_dict())), output)
 
