@@ -113,17 +113,23 @@ def _settings(problem: Any, knob_space: Callable[[Any], Space], defaults: Callab
 
 
 def _stratified(problem: Any, spaces: Sequence[Callable[[Any], Space]], defaults: Callable[[Any], dict], n: int,
-                ranker) -> list[dict[str, Any]]:
-    """Up to ``n`` settings: each space's best (``_settings``) in turn, the first space's first."""
+                ranker) -> tuple[list[dict[str, Any]], list[int]]:
+    """Up to ``n`` settings: each space's best (``_settings``) in turn, the first space's first; and where each
+    space's best sits among them."""
     share = max(2, -(-n // len(spaces)))
     lists = [_settings(problem, sp, defaults, share, ranker) for sp in spaces]
-    out, seen = [], set()
+    out, seen, firsts = [], {}, [0] * len(lists)
     for i in range(share):
-        for lst in lists:
-            if i < len(lst) and repr(sorted(lst[i].items())) not in seen:
-                seen.add(repr(sorted(lst[i].items())))
-                out.append(lst[i])
-    return out[:max(n, len(spaces))]
+        for j, lst in enumerate(lists):
+            if i < len(lst):
+                key = repr(sorted(lst[i].items()))
+                if key not in seen:
+                    seen[key] = len(out)
+                    out.append(lst[i])
+                if i == 0:
+                    firsts[j] = seen[key]
+    keep = max(n, len(spaces))
+    return out[:keep], [f if f < keep else 0 for f in firsts]
 
 
 @dataclass
@@ -139,6 +145,8 @@ class Genome:
     space: Space = field(init=False)
     genes: dict[str, str] = field(default_factory=dict)   # gene name -> class id
     knob_of: dict[str, str] = field(default_factory=dict)  # knob gene name -> node id
+    # stratified node id -> where each stratum's best setting sits among its settings (``Genome.build``'s strata)
+    strata_firsts: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, eg: EClassGraph, analysis: Analysis, allowed: Mapping[str, list[str]], fallback: Choice,
@@ -151,7 +159,7 @@ class Genome:
         (or None for a node without): knob spaces whose settings a node draws in equal shares, interleaved,
         instead of from ``knob_space`` (a quantised plan space: one per weight format, so that a model ranking
         the smallest format first still leaves every format among the node's settings)."""
-        problems, configs = {}, {}
+        problems, configs, firsts = {}, {}, {}
         for ns in allowed.values():
             for nid in ns:
                 n = eg.node(nid)
@@ -159,9 +167,12 @@ class Genome:
                     p = analysis.problem(n)
                     problems[nid] = p
                     spaces = strata(p) if strata is not None else None
-                    configs[nid] = (_settings(p, knob_space, defaults, configs_per_node, ranker) if not spaces else
-                                    _stratified(p, spaces, defaults, configs_per_node, ranker))
+                    if spaces:
+                        configs[nid], firsts[nid] = _stratified(p, spaces, defaults, configs_per_node, ranker)
+                    else:
+                        configs[nid] = _settings(p, knob_space, defaults, configs_per_node, ranker)
         g = cls(eg, analysis, {c: list(v) for c, v in allowed.items()}, dict(fallback), problems, configs)
+        g.strata_firsts = firsts
         g._make_space()
         return g
 
@@ -228,8 +239,10 @@ class Genome:
     def program_json(self, config: Mapping[str, Any]) -> list[dict[str, Any]]:
         return self.program(config)
 
-    def candidate_of(self, choice: Choice, knob_index: int = 0) -> Candidate:
-        """The genome that extracts ``choice`` with every template at setting ``knob_index``."""
+    def candidate_of(self, choice: Choice, knob_index: int = 0, stratum: int | None = None) -> Candidate:
+        """The genome that extracts ``choice`` with every template at setting ``knob_index``; with ``stratum``,
+        every stratified node at that stratum's best setting (e.g. its weights in one format) and the others at
+        their first."""
         cfg: dict[str, Any] = {}
         for k in self.space.knobs:
             if k.name in self.genes:
@@ -237,7 +250,11 @@ class Genome:
                 nid = choice.get(c, self.fallback.get(c, self.allowed[c][0]))
                 cfg[k.name] = k.values[self.allowed[c].index(nid)] if nid in self.allowed[c] else k.values[0]
             elif k.name in self.knob_of:
-                cfg[k.name] = min(knob_index, len(k.values) - 1)
+                if stratum is None:
+                    cfg[k.name] = min(knob_index, len(k.values) - 1)
+                else:
+                    fs = self.strata_firsts.get(self.knob_of[k.name], [])
+                    cfg[k.name] = fs[stratum] if stratum < len(fs) else 0
             else:
                 cfg[k.name] = k.values[0]
         return self.space.make(cfg)

@@ -86,6 +86,15 @@ def _variant_errors(target: Target, problem, variants, seed: int, metric) -> dic
     return {v: pick(e[v] for e in per) for v in variants}
 
 
+def _mixed(space, layers: int):
+    """A fused MLP's space of formats restricted to its layers not all in one format (each one-format plan is a
+    stratum of its own)."""
+    from ..space import Space
+
+    differ = " or ".join(f"wfmt{i} != wfmt{i + 1}" for i in range(layers - 1))
+    return Space(space.knobs, [*space.restrictions, differ], constants=space.constants)
+
+
 def _quant_strata(target: Target, accuracy, seed: int = 0):
     """``Genome.build``'s strata under an accuracy budget that allows quantisation: per template node whose
     template reads other formats, one knob space per format the screen keeps (and, for a fused MLP, one
@@ -113,7 +122,7 @@ def _quant_strata(target: Target, accuracy, seed: int = 0):
             return None
         out = [lambda p, v=v: target.quant_space(p, (v,)) for v in kept]
         if problem.op == "mlp" and len(problem.layers) > 1 and len(kept) > 2:
-            out.append(lambda p: target.quant_space(p, kept))
+            out.append(lambda p: _mixed(target.quant_space(p, kept), len(p.layers)))
         return out
 
     strata.screens = screens
@@ -193,6 +202,16 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
         c = genome.candidate_of(ch)
         if c.fingerprint not in seed_of:  # two extractions of one plan are one seed
             seed_of[c.fingerprint] = label
+            seeds.append(c)
+    # under an accuracy budget: the ILP plan in each other format too (every quantisable kernel at that format's
+    # best-ranked tiles), so that the search starts from every "quantise first" plan and can only improve on them
+    for i in range(1, max((len(f) for f in genome.strata_firsts.values()), default=0)):
+        c = genome.candidate_of(i_choice, stratum=i)
+        if c.fingerprint not in seed_of:
+            from ..validate.accuracy import program_formats
+
+            fmts = sorted(set(program_formats(genome.program(c.as_dict())).values()))
+            seed_of[c.fingerprint] = f"ilp in {', '.join(fmts) or 'fp32'}"
             seeds.append(c)
     t4 = time.perf_counter()
 
