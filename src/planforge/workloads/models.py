@@ -17,8 +17,6 @@ import os
 import time
 from typing import Any
 
-import numpy as np
-
 from ..ir import ZOO, Graph
 from ..ops.fallback import steps as fallback_steps
 from ..peers import peers_option
@@ -73,17 +71,17 @@ def _order_choices(graph: Graph, eg, names: list[str], limits: Limits, costs, al
     return out
 
 
-def _variant_errors(target: Target, problem, variants, seed: int, metric) -> dict[str, float]:
-    """Each variant's error on ``problem``'s kernel alone; a fused MLP's is the worst of its layers', each as
-    the GEMV it is made of (a chain of layers in one format is no more accurate than its least accurate one)."""
+def _variant_errors(target: Target, problem, variants, seed: int, accuracy) -> dict[str, float]:
+    """Each variant's error (``accuracy``'s metric) on ``problem``'s kernel alone; a fused MLP's is the worst of
+    its layers', each as the GEMV it is made of (a chain of layers in one format is no more accurate than its
+    least accurate one)."""
     if problem.op != "mlp":
-        return target.variant_errors(problem, variants, seed, metric)
+        return target.variant_errors(problem, variants, seed, accuracy.measure)
     from ..ops.kernel import epilogue_of_act
 
-    per = [target.variant_errors(target.problem("gemv", (n, k), epilogue_of_act(a)), variants, seed, metric)
-           for k, n, a in problem.layers]
-    pick = max if metric(np.ones(2), np.ones(2)) == 0.0 else min  # max_rel_err: the largest; cosine: the smallest
-    return {v: pick(e[v] for e in per) for v in variants}
+    per = [target.variant_errors(target.problem("gemv", (n, k), epilogue_of_act(a)), variants, seed,
+                                 accuracy.measure) for k, n, a in problem.layers]
+    return {v: accuracy.worst(e[v] for e in per) for v in variants}
 
 
 def _mixed(space, layers: int):
@@ -114,7 +112,7 @@ def _quant_strata(target: Target, accuracy, seed: int = 0):
             return None
         key = repr(problem)
         if key not in screens:
-            errors = _variant_errors(target, problem, vs, seed + 1, accuracy.measure)
+            errors = _variant_errors(target, problem, vs, seed + 1, accuracy)
             screens[key] = {"metric": accuracy.metric, "errors": errors,
                             "searched": [v for v in vs if v == "fp32" or accuracy.excess(errors[v]) is None]}
         kept = tuple(screens[key]["searched"])
