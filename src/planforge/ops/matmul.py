@@ -25,11 +25,13 @@ def flops(s, out, attrs):
 
 
 def gemm_problem(s, out, epilogue: str):
-    """The GEMM (or, for one row, GEMV) problem of ``x @ w`` with a 2-D ``x`` and ``w``; None otherwise."""
+    """The GEMM (or, for one row, GEMV) problem of ``x @ w`` with a 2-D ``w``; None otherwise. ``x``'s leading
+    axes are the GEMM's rows (a transformer's [batch, seq, width] activations: the plan passes a C-contiguous
+    ``x`` as [rows, K] and its output as [rows, N])."""
     x, w = s[0], s[1]
-    if len(x) != 2 or len(w) != 2 or epilogue is None:
+    if len(x) < 2 or len(w) != 2 or epilogue is None:
         return None
-    rows, K, N = x[0], x[1], w[1]
+    rows, K, N = math.prod(x[:-1]), x[-1], w[1]
     return Problem("gemv", (N, K), epilogue) if rows == 1 else Problem("gemm", (rows, N, K), epilogue)
 
 

@@ -48,6 +48,8 @@ class Analysis:
     shapes: dict[str, tuple[int, ...] | None] = field(default_factory=dict)
     layers: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # class -> [(w cls, b cls, act)]
     unavailable: set[str] = field(default_factory=set)  # node ids
+    # classes computed from parameters alone: the plan folds their library steps into constants at load time
+    constant: set[str] = field(default_factory=set)
 
     def problem(self, n: ENode) -> Problem | MlpProblem | None:
         """The kernel problem of a template node or a fused MLP; None for other nodes and
@@ -137,6 +139,14 @@ def analyse(eg: EClassGraph, g: Graph) -> Analysis:
                     a.shapes[cid] = s
                     changed = True
                     break
+    changed = True
+    while changed:
+        changed = False
+        for cid, nodes in eg.classes.items():
+            if cid not in a.constant and any(n.op in ("T.param", "T.param_t") or (
+                    n.impl == "lib" and n.children and all(c in a.constant for c in n.children)) for n in nodes):
+                a.constant.add(cid)
+                changed = True
     for ns in eg.classes.values():
         for n in ns:
             if n.impl in ("tmpl", "fused") and (n.eclass not in a.shapes or a.problem(n) is None):
@@ -161,8 +171,9 @@ def estimate(a: Analysis, n: ENode, device: Roofline) -> float:
         byts = sum(4.0 * (k * m + m) for k, m, _ in layers)
         return call + max(flops / peak, byts / bw)
     op, attrs, lib = op_of(n)
-    if op.view:
-        return 0.0
+    if op.view or (lib is not None and n.children and all(c in a.constant for c in n.children)
+                   and op.name != "pair"):
+        return 0.0  # a view, or folded into a constant when the plan is loaded
     shapes = [a.shapes.get(c) for c in n.children]
     out = a.shapes.get(n.eclass) or ()
     size = math.prod(out) if out else 0
