@@ -7,7 +7,8 @@ Triton templates implement the same problems.
 
 - ``Problem("gemm", (M, N, K), epilogue)``: ``act(A @ B + bias)``;
 - ``Problem("gemv", (N, K), epilogue)``: the same for one row;
-- ``Problem("softmax" | "layernorm", (rows, cols))``: row-wise over the last axis;
+- ``Problem("softmax" | "layernorm" | "rms", (rows, cols))``: row-wise over the last axis (a layernorm's
+  epilogue ``none`` is eps 1e-5, ``eps=1e-12`` another; ``rms``: RMSNorm without its weight, ``eps`` an operand);
 - ``Problem("eltwise", (rows, cols), chain)``: a chain of elementwise steps;
 - ``Problem("conv" | "dwconv", (N, C, H, W, O, KH, KW, SH, SW, PT, PL, PB, PR, DH, DW, G), epilogue)``: a direct
   (resp. depthwise) convolution; the epilogue is ``layout/form/chain`` (see ``conv_epilogue``);
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 _CONV_DIMS = "N,C,H,W,O,KH,KW,SH,SW,PT,PL,PB,PR,DH,DW,G"
-KERNELS = {"gemm": "M,N,K", "gemv": "N,K", "softmax": "rows,cols", "layernorm": "rows,cols", "eltwise": "rows,cols",
+KERNELS = {"gemm": "M,N,K", "gemv": "N,K", "softmax": "rows,cols", "layernorm": "rows,cols", "rms": "rows,cols",
+           "eltwise": "rows,cols",
            "conv": _CONV_DIMS, "dwconv": _CONV_DIMS, "attention": "BH,G,S,T,D,DV"}
 MAY_BE_ZERO = {"PT", "PL", "PB", "PR"}  # a convolution's padding
 
@@ -117,8 +119,10 @@ class Problem:
                 parse_chain(self.epilogue)
             except ValueError as e:
                 raise ProblemError(str(e)) from None
-        if self.op in ("softmax", "layernorm") and self.epilogue != "none":
+        if self.op in ("softmax", "rms") and self.epilogue != "none":
             raise ProblemError(f"{self.op} takes no epilogue")
+        if self.op == "layernorm":
+            layernorm_eps(self.epilogue)
         if self.op == "attention":
             kind, _, scale = self.epilogue.partition(":")
             if kind not in ("full", "causal") or not _is_float(scale):
@@ -204,6 +208,19 @@ def conv_epilogue(p) -> tuple[str, str, list[str]]:
     return parts[0], parts[1], steps
 
 
+LAYERNORM_EPS = 1e-5  # a layernorm problem's eps when its epilogue is "none" (PyTorch's default)
+
+
+def layernorm_eps(epilogue: str) -> float:
+    """The eps of a layernorm problem: ``none`` is ``LAYERNORM_EPS``, ``eps=1e-12`` (BERT's) any other."""
+    if epilogue == "none":
+        return LAYERNORM_EPS
+    kind, _, val = epilogue.partition("=")
+    if kind != "eps" or not _is_float(val) or not 0.0 < float(val) < 1.0:
+        raise ProblemError(f"layernorm epilogue {epilogue!r}: expected none or eps=FLOAT (0 < eps < 1)")
+    return float(val)
+
+
 def eltwise_kernel(name: str):
     """``Op.kernel`` of an op with an epilogue: one chain step over [rows, cols] (None when its attribute is not
     the one the template implements)."""
@@ -239,5 +256,5 @@ def problem_from_json(d: dict[str, Any]) -> Problem | MlpProblem:
     return Problem(d["op"], tuple(d["dims"]), d.get("epilogue", "none"))
 
 
-__all__ = ["CONV_FORMS", "KERNELS", "MlpProblem", "Problem", "ProblemError", "activations", "chain_steps", "conv_epilogue", "eltwise_kernel", "epilogue_of_act",
-           "gemm_epilogues", "parse_chain", "problem_from_json", "rowwise_kernel"]
+__all__ = ["CONV_FORMS", "KERNELS", "LAYERNORM_EPS", "MlpProblem", "Problem", "ProblemError", "activations", "chain_steps", "conv_epilogue", "eltwise_kernel", "epilogue_of_act",
+           "gemm_epilogues", "layernorm_eps", "parse_chain", "problem_from_json", "rowwise_kernel"]

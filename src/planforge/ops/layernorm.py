@@ -1,7 +1,7 @@
 """layernorm over the last axis with gamma and beta, and ``normalize`` (without them) that the algebra rule exposes.
 
-The compiled template implements eps = 1e-5 (PyTorch's default) only; other
-values run as library steps."""
+The compiled template bakes its eps into the kernel: the problem's epilogue is
+``none`` for PyTorch's default 1e-5 and ``eps=1e-12`` for another (BERT's)."""
 from __future__ import annotations
 
 import math
@@ -10,9 +10,7 @@ import numpy as np
 from egglog import rewrite
 
 from .base import Library, Op, need
-from .kernel import rowwise_kernel
-
-TEMPLATE_EPS = 1e-5
+from .kernel import LAYERNORM_EPS as TEMPLATE_EPS, Problem, rowwise_kernel
 
 
 def shape(s, attrs):
@@ -54,9 +52,12 @@ def _step(affine: bool):
 
 
 def _kernel(s, out, attrs):
-    if abs(float(attrs.get("eps", 1e-5)) - TEMPLATE_EPS) >= 1e-12:
-        return None
-    return rowwise_kernel("layernorm")(s, out, attrs)
+    """The row-wise template's problem; its eps is compiled in (epilogue ``none`` for 1e-5, else ``eps=...``)."""
+    p = rowwise_kernel("layernorm")(s, out, attrs)
+    eps = float(attrs.get("eps", 1e-5))
+    if p is None or abs(eps - TEMPLATE_EPS) < 1e-12:
+        return p
+    return Problem("layernorm", p.dims, f"eps={eps!r}")
 
 
 def _rules(E, v):

@@ -19,7 +19,7 @@ from .facts import Facts
 
 OPS = tuple(KERNELS)
 FACTS: dict[str, Facts] = {"gemm": gemm.FACTS, "gemv": gemv.FACTS, "softmax": rowwise.FACTS,
-                           "layernorm": rowwise.FACTS, "eltwise": rowwise.FACTS, "conv": conv.FACTS,
+                           "layernorm": rowwise.FACTS, "rms": rowwise.FACTS, "eltwise": rowwise.FACTS, "conv": conv.FACTS,
                            "dwconv": conv.FACTS, "attention": attention.FACTS}
 
 

@@ -1,10 +1,12 @@
-"""Row-wise templates over a [rows, cols] fp32 tensor: softmax, layernorm, elementwise chains.
+"""Row-wise templates over a [rows, cols] fp32 tensor: softmax, layernorm, RMS scaling, elementwise chains.
 
 Each row is processed with ``vec``-wide vectors (1 is scalar), the column loop
 unrolled by ``unroll``; rows are split over ``threads``. Softmax and
 layernorm keep the row's statistics in vector accumulators; layernorm offers
 one pass (sum and sum of squares together) or two (mean, then the centred
-variance: more accurate when the mean is large against the spread).
+variance: more accurate when the mean is large against the spread). ``rms``
+(RMSNorm without its weight, ``x / sqrt(mean(x**2) + eps)``) takes ``eps`` as
+a one-element operand: one sweep for the sum of squares, one to scale.
 """
 from __future__ import annotations
 
@@ -15,12 +17,14 @@ from typing import Any
 import numpy as np
 
 from ....ops import REGISTRY
-from ....ops.kernel import parse_chain
-from ....ops.layernorm import TEMPLATE_EPS as LN_EPS
+from ....ops.kernel import layernorm_eps, parse_chain
 from ....space import Space, categorical
 from .common import header
 from .epilogues import U32, apply_chain, chain_flops, numpy_chain, operands, torch_chain
 from .facts import Facts
+
+
+RMS_EPS = 1e-6  # the eps of a kernel workload's inputs (Llama's; a plan's comes from its model)
 
 
 class RowArgs(ctypes.Structure):
@@ -78,7 +82,7 @@ static void row(const float *restrict x, float *restrict y, const float *p0, con
 """
 
 
-def _layernorm_row(unroll: int, passes: int) -> str:
+def _layernorm_row(unroll: int, passes: int, eps: float) -> str:
     stats = f"""
     vf s = vset(0.0f), q = vset(0.0f);
     int c = 0;
@@ -108,11 +112,30 @@ def _layernorm_row(unroll: int, passes: int) -> str:
 static void row(const float *restrict x, float *restrict y, const float *gamma, const float *beta, int C, int r) {{
     (void)r;
 {stats}
-    float rstd = 1.0f / sqrtf(var + {LN_EPS}f);
+    float rstd = 1.0f / sqrtf(var + {eps!r}f);
     c = 0;
     #pragma GCC unroll {unroll}
     for (; c + V <= C; c += V) vstore(y + c, (vload(x + c) - mean) * rstd * vload(gamma + c) + vload(beta + c));
     for (; c < C; c++) y[c] = (x[c] - mean) * rstd * gamma[c] + beta[c];
+}}
+"""
+
+
+def _rms_row(unroll: int) -> str:
+    return f"""
+static void row(const float *restrict x, float *restrict y, const float *eps, const float *p1, int C, int r) {{
+    (void)p1; (void)r;
+    vf q = vset(0.0f);
+    int c = 0;
+    #pragma GCC unroll {unroll}
+    for (; c + V <= C; c += V) {{ vf v = vload(x + c); q += v * v; }}
+    float sq = vsum(q);
+    for (; c < C; c++) sq += x[c] * x[c];
+    float rs = 1.0f / sqrtf(sq / C + eps[0]);
+    c = 0;
+    #pragma GCC unroll {unroll}
+    for (; c + V <= C; c += V) vstore(y + c, vload(x + c) * rs);
+    for (; c < C; c++) y[c] = x[c] * rs;
 }}
 """
 
@@ -139,7 +162,9 @@ def source(op: str, knobs: dict[str, Any], chain: str = "") -> str:
     if op == "softmax":
         body = _softmax_row(knobs["unroll"])
     elif op == "layernorm":
-        body = _layernorm_row(knobs["unroll"], knobs["passes"])
+        body = _layernorm_row(knobs["unroll"], knobs["passes"], layernorm_eps(chain or "none"))
+    elif op == "rms":
+        body = _rms_row(knobs["unroll"])
     elif op == "eltwise":
         body = _eltwise_row(knobs["unroll"], chain)
     else:
@@ -172,6 +197,8 @@ def _inputs(p, rand):
         d["gamma"] = rand(C)
         d["beta"] = rand(C)
         d["x"] += np.float32(2.0)  # a non-zero mean, as activations have
+    if p.op == "rms":
+        d["eps"] = np.array([RMS_EPS], np.float32)
     if p.op == "eltwise":
         need = operands(p.epilogue)
         if "bias" in need:
@@ -189,7 +216,9 @@ def _reference(p, f):
     if p.op == "layernorm":
         mu = x.mean(axis=1, keepdims=True)
         var = ((x - mu) ** 2).mean(axis=1, keepdims=True)
-        return (x - mu) / np.sqrt(var + LN_EPS) * f["gamma"] + f["beta"]
+        return (x - mu) / np.sqrt(var + layernorm_eps(p.epilogue)) * f["gamma"] + f["beta"]
+    if p.op == "rms":
+        return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + f["eps"][0])
     return apply_chain(x, p.epilogue, f.get("bias"), f.get("res"))
 
 
@@ -204,13 +233,17 @@ def _tolerance(p, f):
         rel = x.std(axis=1, keepdims=True)
         scale = (np.abs(x).max(axis=1, keepdims=True) / np.maximum(rel, 1e-12))
         return 64 * U32 * (C ** 0.5) * scale * (np.abs(f["gamma"]) * 4 + 1) + 1e-6 + 0 * x
+    if p.op == "rms":  # a sum of C squares (all positive: no cancellation), a square root, one product
+        x = f["x"]
+        return 16 * U32 * (1 + math.log2(C)) * np.abs(x) / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-30) \
+            + 1e-6
     mag = np.abs(f["x"]) + (np.abs(f["bias"]) if "bias" in f else 0) + (np.abs(f["res"]) if "res" in f else 0)
     return 8 * U32 * mag + 1e-6
 
 
 def _flops(p) -> float:
     R, C = p.dims
-    per = {"softmax": 25, "layernorm": 8}.get(p.op) or chain_flops(p.epilogue)
+    per = {"softmax": 25, "layernorm": 8, "rms": 4}.get(p.op) or chain_flops(p.epilogue)
     return float(per * R * C)
 
 
@@ -231,6 +264,7 @@ def _numpy(p, inp, out):
         return run
     if p.op == "layernorm":
         g, b = inp["gamma"], inp["beta"]
+        eps = np.float32(layernorm_eps(p.epilogue))
         mu = np.empty((x.shape[0], 1), np.float32)
         var = np.empty_like(mu)
 
@@ -238,11 +272,23 @@ def _numpy(p, inp, out):
             np.mean(x, axis=1, keepdims=True, out=mu)
             np.subtract(x, mu, out=out)
             np.mean(np.square(out), axis=1, keepdims=True, out=var)
-            np.add(var, LN_EPS, out=var)
+            np.add(var, eps, out=var)
             np.sqrt(var, out=var)
             np.divide(out, var, out=out)
             np.multiply(out, g, out=out)
             np.add(out, b, out=out)
+
+        return run
+    if p.op == "rms":
+        eps = inp["eps"]
+        ms = np.empty((x.shape[0], 1), np.float32)
+
+        def run():
+            np.multiply(x, x, out=out)
+            np.mean(out, axis=1, keepdims=True, out=ms)
+            np.add(ms, eps, out=ms)
+            np.sqrt(ms, out=ms)
+            np.divide(x, ms, out=out)
 
         return run
     chain = numpy_chain(p.epilogue, out, inp.get("bias"), inp.get("res"))
@@ -272,7 +318,15 @@ def _torch(p, inp, out):
 
         def run():
             with torch.inference_mode():
-                o.copy_(F.layer_norm(x, (C,), t["gamma"], t["beta"], LN_EPS))
+                o.copy_(F.layer_norm(x, (C,), t["gamma"], t["beta"], layernorm_eps(p.epilogue)))
+
+        return run
+    if p.op == "rms":
+        e = float(inp["eps"][0])
+
+        def run():
+            with torch.inference_mode():
+                o.copy_(x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + e))
 
         return run
     steps = torch_chain(p.epilogue, {"bias": t.get("bias"), "residual": t.get("res")})
