@@ -157,6 +157,10 @@ def test_a_quantised_model_tuning_records_formats_error_and_budget(tmp_path):
     q = spec["tasks"]["graph"]["quant"]
     assert q["budget"] == {"metric": "max_rel_err", "bound": 0.08} and 0 <= q["error"]["value"] <= 0.08
     assert q["formats"] == program_formats(spec["tasks"]["graph"]["program"])
+    from planforge.report.html import write_report
+
+    html = write_report(tmp_path / "q").read_text()
+    assert "Weights: " in html and "budget max_rel_err 0.08" in html
     tried = [program_formats(t.backend.program(x.candidate)) for x in r.tasks[0].result.trials if x.outcome.ok]
     assert any(tried), "the quantised seed was not measured"
     # spec diff names a step whose format changed

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import plots
 from .run import load_run, with_defaults
-from .summary import LOW_SPEARMAN, fmt_bytes, fmt_si, fmt_time
+from .summary import LOW_SPEARMAN, fmt_bytes, fmt_si, fmt_time, quant_line
 from .verdict import BUSY, summarize
 
 REPORT_FILE = "report.html"
@@ -69,6 +69,7 @@ def render(run: dict[str, Any]) -> str:
                        ft=fmt_time, fb=fmt_bytes, knobs=_knobs, natural=_natural, num=_num, pct=_pct,
                        low_spearman=LOW_SPEARMAN, busy=BUSY,
                        target=lambda key: targets.get(key) or {"fingerprint": "?"},
+                       quant=lambda t: quant_line(t["quant"]) if t["quant"] else None,
                        rejected=lambda t: {r["rank"]: r["reasons"] for r in t["rejected"]})
 
 

@@ -230,7 +230,10 @@ def build_run(res, command: str = "") -> dict[str, Any]:
         "spec": "spec.json" if res.spec_path else None,
         "records": str(res.records_path),
         "environment": environment(res),
-        "tasks": {tr.task.key: task_run(tr, plan_label) for tr in res.tasks},
+        "tasks": {tr.task.key: {**task_run(tr, plan_label),
+                                # the weight formats, measured error and accuracy budget (None: none stated)
+                                "quant": ((res.spec or {}).get("tasks", {}).get(tr.task.key) or {}).get("quant")}
+                  for tr in res.tasks},
         "end_to_end": res.end_to_end.to_json() if res.end_to_end is not None else None,
     }
 
@@ -275,6 +278,7 @@ def with_defaults(data: dict[str, Any]) -> dict[str, Any]:
     for t in data["tasks"].values():
         t.setdefault("importance", {})
         t.setdefault("l2", None)
+        t.setdefault("quant", None)
         t.setdefault("knob_labels", {})
         for x in t.get("trials", []):
             for k in ("repeats", "other_load", "recheck"):
