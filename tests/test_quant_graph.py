@@ -38,28 +38,35 @@ def _forward(x, ws, bs):
     return h
 
 
-@pytest.mark.parametrize("formats,threads,splits,qblock,vec,jb", [
-    (("int4", "int8", "bf16"), 2, "kkk", 32, 8, 2),
-    (("int8", "int4", "int4"), 2, "nkn", 64, 16, 1),
-    (("bf16", "fp32", "int4"), 1, "nnn", 128, 4, 2),
-    (("int4", "int4", "int4"), 2, "knk", 32, 8, 2),
-    (("int8", "int8", "int8"), 2, "nnk", 32, 4, 4),
+@pytest.mark.parametrize("formats,threads,splits,qblock,vec,jb,act", [
+    (("int4", "int8", "bf16"), 2, "kkk", 32, 8, 2, "fp32"),
+    (("int8", "int4", "int4"), 2, "nkn", 64, 16, 1, "fp32"),
+    (("bf16", "fp32", "int4"), 1, "nnn", 128, 4, 2, "fp32"),
+    (("int4", "int4", "int4"), 2, "knk", 32, 8, 2, "fp32"),
+    (("int8", "int8", "int8"), 2, "nnk", 32, 4, 4, "fp32"),
+    # int8 weights with dynamic int8 activations (where there is a u8 x s8 dot product), after a split-K layer too
+    (("int8", "int8", "int8"), 2, "nnn", 32, 16, 2, "int8"),
+    (("int8", "bf16", "int8"), 2, "nkn", 32, 8, 1, "int8"),
 ])
-def test_quantised_fused_mlp_matches_its_dequantised_reference(profile, formats, threads, splits, qblock, vec, jb):
+def test_quantised_fused_mlp_matches_its_dequantised_reference(profile, formats, threads, splits, qblock, vec, jb,
+                                                               act):
     from planforge.targets.cpu.templates import limits
 
     lim = limits(profile)
     vec = min(vec, max(v for v in (1, 4, 8, 16) if v <= lim.vector_lanes))  # what this machine's ISA view has
+    if act == "int8" and vec not in lim.dot_i8_lanes:
+        pytest.skip(f"no u8 x s8 dot product at {vec} lanes here")
     threads = min(threads, lim.physical_cores)
     knobs = {"vec": vec, "jb": jb, "ksplit": 2, "unroll": 2, "threads": threads, "spin_us": 1000, "pin": 1,
-             "qblock": qblock, **{f"split{i}": s for i, s in enumerate(splits)},
+             "qblock": qblock, "act": act, **{f"split{i}": s for i, s in enumerate(splits)},
              **{f"wfmt{i}": f for i, f in enumerate(formats)}}
     x, ws, bs = _mlp_case()
     lib = ctypes.CDLL(str(build(mlp.source(LAYERS, knobs), False).path))
     y = np.full(LAYERS[-1][1], np.nan, np.float32)
     run = mlp.bind(lib, LAYERS, knobs, x, ws, bs, y)
     run()
-    ref = _forward(x, mlp.dequantised(LAYERS, knobs, ws), bs)
+    ref = mlp.reference(LAYERS, knobs, x, ws, bs)
+    assert np.allclose(ref, _forward(x, mlp.dequantised(LAYERS, knobs, ws), bs)) == (act == "fp32")
     assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()  # fp32 rounding of the dequantised product only
     exact = _forward(x, ws, bs)
     assert np.abs(y - exact).max() > 1e-5 * np.abs(exact).max()  # and the weights really were quantised
@@ -76,8 +83,17 @@ def test_formats_per_layer_and_per_step():
     assert space.violations({**{k.name: k.values[0] for k in space.knobs}, "qblock": 64})
     assert step_format({"wfmt0": "int8", "wfmt1": "fp32", "wfmt2": "int4", "qblock": 64}) == "int8/fp32/int4:64"
     assert step_format({"wfmt": "int8", "act": "int8"}) == "int8+a8" and step_format({"vec": 8}) == "fp32"
-    with pytest.raises(ValueError, match="weights only"):
-        mlp.with_formats(space, LAYERS, ("int8+a8",))
+    with pytest.raises(ValueError, match="dot product"):
+        mlp.with_formats(space, LAYERS, ("int8+a8",))  # no dot-product widths given
+    a8 = mlp.with_formats(mlp.space(LAYERS, SimpleNamespace(vector_lanes=16, vector_registers=32, physical_cores=2)),
+                          LAYERS, ("fp32", "int8", "int8+a8"), dot_lanes=(16,))
+    point = {**{k.name: k.values[0] for k in a8.knobs}, "vec": 16, "jb": 1, "wfmt0": "int8", "act": "int8"}
+    assert not a8.violations({**point, "split0": "n"})
+    assert a8.violations({**point, "split0": "k"})  # int8 activations: split along N
+    assert a8.violations({**point, "vec": 8})  # no dot product at that width
+    assert a8.violations({**point, "wfmt0": "fp32"})  # no int8 layer: the same kernel as act fp32
+    with pytest.raises(ValueError, match="split along N"):
+        mlp.source(LAYERS, {**point, "split0": "k", "threads": 2})
 
 
 def _small_model():

@@ -177,7 +177,7 @@ def quant_space(problem, lim: Limits, variants: tuple[str, ...]) -> Space:
     if not set(variants) - {"fp32"}:
         return space
     if problem.op == "mlp":  # a format per layer
-        return mlp.with_formats(space, problem.layers, tuple(variants))
+        return mlp.with_formats(space, problem.layers, tuple(variants), lim.dot_i8_lanes)
     return qgemv.with_formats(space, tuple(variants), lim.dot_i8_lanes,
                               "pack_b == 1" if problem.op == "gemm" else "w_layout == 'packed'")
 

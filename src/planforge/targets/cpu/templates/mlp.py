@@ -26,7 +26,11 @@ channel / int4 by blocks of ``qblock`` rows, as the quantised GEMV
 into panels of ``jb * vec`` columns (padded with zero weights), widens them to
 fp32 in registers and accumulates in fp32; activations stay fp32. A split-K
 slice of an int4 layer starts on a block boundary, so that each thread's blocks
-carry their own scales.
+carry their own scales. Where a vector width has a u8 x s8 dot product (VNNI),
+``act = "int8"`` also quantises each int8 layer's input (per call, symmetric over
+the whole input, as the quantised GEMV's ``int8+a8`` does) and multiplies in
+int32, four rows a lane; such a layer is split along N, so that every thread
+quantises the same whole input with the same scale.
 
 Exported C (``PF_API`` defaults to external linkage; the C export includes
 this source with ``PF_API`` set to ``static``):
@@ -43,7 +47,7 @@ this source with ``PF_API`` set to ``static``):
 - ``void pf_mlp_destroy(void *h)``: stops and joins the workers, frees all.
 
 Compile-time knobs: vec, jb, ksplit, unroll, threads, split0..split<L-1>, spin_us, pin, and with formats
-wfmt0..wfmt<L-1> and qblock.
+wfmt0..wfmt<L-1>, qblock and act.
 """
 from __future__ import annotations
 
@@ -64,6 +68,7 @@ from . import qgemv
 
 SPIN_US = (1000, 100, 20000)  # the first is what one thread (no pool) is canonicalised to
 FORMAT_CODES = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
+A8 = 4  # a layer's code for int8 weights with dynamic int8 activations
 
 
 def format_names(layers: Sequence[tuple[int, int, str]]) -> list[str]:
@@ -81,6 +86,12 @@ def formats_of(layers: Sequence[tuple[int, int, str]], knobs: dict[str, Any]) ->
 
 def quantised(layers, knobs: dict[str, Any]) -> bool:
     return any(f != "fp32" for f in formats_of(layers, knobs))
+
+
+def layer_codes(layers, knobs: dict[str, Any]) -> list[int]:
+    """Each layer's kernel: its format's code, or ``A8`` for int8 weights when ``act`` is ``int8``."""
+    a8 = knobs.get("act", "fp32") == "int8"
+    return [A8 if a8 and f == "int8" else FORMAT_CODES[f] for f in formats_of(layers, knobs)]
 
 
 def split_names(layers: Sequence[tuple[int, int, str]]) -> list[str]:
@@ -105,23 +116,37 @@ def space(layers: Sequence[tuple[int, int, str]], profile) -> Space:
 
 
 def variants(lim) -> tuple[str, ...]:
-    """The weight formats the fused MLP reads (weight-only: its activations stay fp32 between layers)."""
-    return ("fp32", "bf16", "int8", *(f"int4:{b}" for b in INT4_BLOCKS))
+    """The weight formats the fused MLP reads, and int8 weights with dynamic int8 activations (``int8+a8``)
+    where a vector width has a u8 x s8 dot product."""
+    return ("fp32", "bf16", "int8", *(("int8+a8",) if lim.dot_i8_lanes else ()), *(f"int4:{b}" for b in INT4_BLOCKS))
 
 
-def with_formats(space: Space, layers: Sequence[tuple[int, int, str]], names: Sequence[str]) -> Space:
+def with_formats(space: Space, layers: Sequence[tuple[int, int, str]], names: Sequence[str],
+                 dot_lanes: Sequence[int] = ()) -> Space:
     """``space`` with each layer's weight format a gene (``wfmt<i>``) among the variants ``names`` (fp32, bf16,
-    int8, int4:BLOCK; ``variant_knobs`` refuses others) and ``qblock`` among their int4 blocks; a point with no int4
-    layer keeps the first block, so each distinct kernel is one point."""
+    int8, int8+a8, int4:BLOCK; ``variant_knobs`` refuses others), ``qblock`` among their int4 blocks and, with
+    ``int8+a8`` among them and ``dot_lanes`` (the vector widths with a u8 x s8 dot product), ``act``: whether
+    int8 layers quantise their input too. Points that are one kernel under two names are left out: no int4 layer
+    keeps the first block, no int8 layer keeps fp32 activations."""
     vk = [variant_knobs(n) for n in names]
-    if any(k["act"] != "fp32" for k in vk):
-        raise ValueError("the fused MLP quantises weights only: its activations stay fp32")
+    a8 = any(k["act"] == "int8" for k in vk)
+    if a8 and not dot_lanes:
+        raise ValueError("int8+a8 needs a vector width with a u8 x s8 dot product, and this machine has none")
     formats = tuple(dict.fromkeys(k["wfmt"] for k in vk))
     blocks = tuple(dict.fromkeys(k["qblock"] for k in vk if k["wfmt"] == "int4")) or INT4_BLOCKS[:1]
     fn = format_names(layers)
     knobs = [*space.knobs, *[categorical(n, formats) for n in fn], categorical("qblock", blocks)]
     any4 = " or ".join(f"{n} == 'int4'" for n in fn)
     rules = [*space.restrictions, f"{any4} or qblock == {blocks[0]}"] if len(blocks) > 1 else list(space.restrictions)
+    if a8:
+        weight_only = any(k["wfmt"] == "int8" and k["act"] == "fp32" for k in vk)
+        knobs.append(categorical("act", ("fp32", "int8") if weight_only else ("int8",)))
+        any8 = " or ".join(f"{n} == 'int8'" for n in fn)
+        rules += [f"act == 'fp32' or (vec in {tuple(dot_lanes)!r} and ({any8}))",
+                  # a layer with int8 activations is split along N: every thread quantises the whole input
+                  *(f"act == 'fp32' or {n} != 'int8' or {s} == 'n'" for n, s in zip(fn, split_names(layers)))]
+        if not weight_only:
+            rules.append(f"act == 'int8' or not ({any8})")
     return Space(knobs, rules, constants=space.constants)
 
 
@@ -151,6 +176,10 @@ def source(layers: Sequence[tuple[int, int, str]], knobs: dict[str, Any]) -> str
     if bad:
         raise ValueError(f"split knobs take 'n' or 'k', got {bad}")
     fmts = formats_of(layers, knobs)
+    codes = layer_codes(layers, knobs)
+    bad = [i for i, (c, s) in enumerate(zip(codes, splits)) if c == A8 and s != "n"]
+    if bad:
+        raise ValueError(f"layers {bad} take int8 activations and must be split along N")
     qb = int(knobs.get("qblock", INT4_BLOCKS[0]))
     if qb not in INT4_BLOCKS:
         raise ValueError(f"qblock must be one of {INT4_BLOCKS}, got {qb}")
@@ -174,14 +203,17 @@ static const int LK[NL] = {arr(k for k, _, _ in layers)};
 static const int LN[NL] = {arr(n for _, n, _ in layers)};
 static const int LEPI[NL] = {arr(epi_code(epilogue_of_act(a)) for _, _, a in layers)};
 static const int LSPLIT[NL] = {arr(int(s == 'k') for s in splits)};  /* 1: this layer is split along K */
-static const int LFMT[NL] = {arr(FORMAT_CODES[f] for f in fmts)};  /* 0 fp32, 1 bf16, 2 int8, 3 int4 */
+static const int LFMT[NL] = {arr(codes)};  /* 0 fp32, 1 bf16, 2 int8, 3 int4, 4 int8 with int8 activations */
 #define QB {qb}
-#define QUANT {int(any(f != "fp32" for f in fmts))}
+#define QUANT {int(any(codes))}
+#define A8 {int(A8 in codes)}
 """
     quant = []
-    if any(f != "fp32" for f in fmts):  # the quantised GEMV's panel kernels, one per format
+    if any(codes):  # the quantised GEMV's panel kernels, one per format
         quant = [qgemv.LOADS] + [qgemv.block_source({**knobs, "wfmt": f}).replace("qblock(", f"qblock_{f}(")
                                  for f in ("bf16", "int8", "int4")]
+    if A8 in codes:
+        quant += [qgemv.DOT, qgemv.a8_block_source(knobs).replace("qblock(", "qblock_a8(")]
     return "\n".join([head, header(), block_source({**knobs, "w_layout": "packed"}), tail_source(), *quant,
                       POOL_HEAD, _STRUCT, POOL_BODY, _MLP])
 
@@ -194,6 +226,7 @@ struct pool {
     const void *const *wsrc; const float *const *ssrc, *const *bsrc;  /* the caller's, read while packing */
     float *bias[NL];
     void *w[PT][NL]; float *sc[PT][NL]; int lo[PT][NL], hi[PT][NL];
+    uint8_t *xq[PT];                    /* a thread's input quantised to u8, for layers with int8 activations */
     float *act[2];                      /* split-N layers' outputs, shared; alternate by layer */
     float *part[2][PT];                 /* split-K layers' partial sums per thread; alternate by layer */
     float *xin[PT];                     /* a thread's input, added up from a split-K layer's partials */
@@ -208,7 +241,7 @@ static inline long rup(long n) { return (n + 15) / 16 * 16; }  /* floats: 64-byt
 static void slice_of(int i, int t, int *lo, int *hi) {
     const int K = LK[i], N = LN[i];
     if (LSPLIT[i]) {  /* an int4 layer's slices start on its blocks of QB rows */
-        const int a = LFMT[i] == 3 ? QB : 1;
+        const int a = LFMT[i] == 3 ? QB : (LFMT[i] == 4 ? 4 : 1);
         *lo = t == 0 ? 0 : (int)((long)t * K / PT) / a * a;
         *hi = t == PT - 1 ? K : (int)((long)(t + 1) * K / PT) / a * a;
         return;
@@ -247,6 +280,7 @@ static void slice_bytes(int i, int rows, int cols, long *wb, long *sb) {
     case 0: *wb = 4L * rows * cols; *sb = 0; break;
     case 1: *wb = 2L * np * rows * JBV; *sb = 0; break;
     case 2: *wb = np * rows * JBV; *sb = 4L * ((LN[i] + JBV - 1) / JBV) * JBV; break;  /* all the channels' scales */
+    case 4: *wb = np * ((rows + 3) / 4) * 4 * JBV; *sb = 8L * ((LN[i] + JBV - 1) / JBV) * JBV; break;  /* + sums */
     default: *wb = np * nkb * QB / 2 * JBV; *sb = 4L * np * nkb * JBV; break;
     }
 }
@@ -281,6 +315,27 @@ static void qpack4(const int8_t *Q, const float *S, int N, int r0, int r1, int c
         }
 }
 
+#if A8
+/* int8 for the dot product: each column's 4 consecutive rows side by side, [panel][k / 4][JBV][4] (rows padded
+   with zeros), and each column's sum of values over the slice's rows (cs, by global column) */
+static void qpack_a8(const int8_t *Q, int N, int r0, int r1, int c0, int c1, int8_t *dst, int32_t *cs) {
+    const int rows = r1 - r0, K4 = (rows + 3) / 4;
+    const long np = (c1 - c0 + JBV - 1) / JBV;
+    memset(dst, 0, (size_t)(np * K4 * 4 * JBV));
+    for (long b = 0; b < np; b++)
+        for (int j = 0; j < JBV && c0 + b * JBV + j < c1; j++) {
+            const long c = c0 + b * JBV + j;
+            int32_t sum = 0;
+            for (int r = 0; r < rows; r++) {
+                const int8_t q = Q[(long)(r0 + r) * N + c];
+                dst[((b * K4 + r / 4) * JBV + j) * 4 + r % 4] = q;
+                sum += q;
+            }
+            cs[c] = sum;
+        }
+}
+#endif
+
 /* y[c0..c1) = epi(x[0..rows) @ deq(panels) + bias) for a quantised slice */
 static inline void qmv(int f, const float *x, const void *wp, const float *sp, int rows, int c0, int c1,
                        const float *bias, float *y, int N, int epi) {
@@ -297,6 +352,18 @@ static inline void qmv(int f, const float *x, const void *wp, const float *sp, i
 /* a layer's slice, in its format */
 static inline void lmv(struct pool *p, int t, int i, const float *x, int rows, int c0, int c1, const float *bias,
                        float *y, int epi) {
+#if A8
+    if (LFMT[i] == 4) {  /* the input quantised (the whole of it: this layer is split along N), int32 dot products */
+        const int K4 = (rows + 3) / 4, N = LN[i], Np = (N + JBV - 1) / JBV * JBV;
+        const float sx = quantise_x(x, p->xq[t], rows, K4);
+        const float *sc = p->sc[t][i];
+        const long np = (c1 - c0 + JBV - 1) / JBV;
+        for (long b = 0; b < np; b++)
+            qblock_a8((const uint32_t *)p->xq[t], (const int8_t *)p->w[t][i] + b * K4 * 4 * JBV, sc,
+                      (const int32_t *)(sc + Np), bias, y, N, K4, c0 + (int)b * JBV, sx, epi);
+        return;
+    }
+#endif
 #if QUANT
     if (LFMT[i]) { qmv(LFMT[i], x, p->w[t][i], p->sc[t][i], rows, c0, c1, bias, y, LN[i], epi); return; }
 #endif
@@ -321,7 +388,7 @@ static inline void reduce(struct pool *p, int par, int a, int b, const float *bi
 }
 
 static int mlp_init(struct pool *p, int t) {
-    long n = 4L * rup(WIDEST) * 3;  /* xin, part[0], part[1] */
+    long n = 4L * rup(WIDEST) * 3 + rupb(WIDEST + 4);  /* xin, part[0], part[1]; xq */
     long wb[NL], sb[NL];
     for (int i = 0; i < NL; i++) {
         slice_of(i, t, &p->lo[t][i], &p->hi[t][i]);
@@ -336,6 +403,7 @@ static int mlp_init(struct pool *p, int t) {
     p->xin[t] = (float *)m; m += 4L * rup(WIDEST);
     p->part[0][t] = (float *)m; m += 4L * rup(WIDEST);
     p->part[1][t] = (float *)m; m += 4L * rup(WIDEST);
+    p->xq[t] = (uint8_t *)m; m += rupb(WIDEST + 4);
     for (int i = 0; i < NL; i++) {
         const int lo = p->lo[t][i], hi = p->hi[t][i], K = LK[i], N = LN[i];
         const int r0 = LSPLIT[i] ? lo : 0, r1 = LSPLIT[i] ? hi : K, c0 = LSPLIT[i] ? 0 : lo, c1 = LSPLIT[i] ? N : hi;
@@ -349,7 +417,14 @@ static int mlp_init(struct pool *p, int t) {
             qpack(p->wsrc[i], 1, N, r0, r1, c0, c1, m);
             memcpy(p->sc[t][i], p->ssrc[i], (size_t)N * sizeof(float));
             break;
-        default: qpack4((const int8_t *)p->wsrc[i], p->ssrc[i], N, r0, r1, c0, c1, (uint8_t *)m, p->sc[t][i]); break;
+        case 3: qpack4((const int8_t *)p->wsrc[i], p->ssrc[i], N, r0, r1, c0, c1, (uint8_t *)m, p->sc[t][i]); break;
+#endif
+#if A8
+        default:
+            memcpy(p->sc[t][i], p->ssrc[i], (size_t)N * sizeof(float));
+            qpack_a8((const int8_t *)p->wsrc[i], N, r0, r1, c0, c1, (int8_t *)m,
+                     (int32_t *)(p->sc[t][i] + (N + JBV - 1) / JBV * JBV));
+            break;
 #endif
         }
         m += rupb(wb[i]) + rupb(sb[i]);
@@ -514,6 +589,29 @@ def bind(lib: ctypes.CDLL, layers, knobs: dict[str, Any], x: np.ndarray, weights
     return run
 
 
+def reference(layers, knobs: dict[str, Any], x, weights, biases) -> np.ndarray:
+    """What a fused MLP of these knobs computes, in fp64: its dequantised weights, and each layer with int8
+    activations fed its input as the kernel quantises it (symmetric over the whole input, in fp32)."""
+    from ....quant import quantise_activations
+
+    h = np.asarray(x, np.float64).reshape(-1)
+    for (_, _, act), w, b, code in zip(layers, dequantised(layers, knobs, weights), biases, layer_codes(layers, knobs)):
+        if code == A8:
+            q, scale = quantise_activations(h.astype(np.float32))
+            h = q.astype(np.float64) * np.float64(scale)
+        h = h @ w.astype(np.float64) + np.asarray(b, np.float64).reshape(-1)
+        h = np.maximum(h, 0.0) if act == "relu" else _act64(act, h)
+    return h
+
+
+def _act64(act: str, h: np.ndarray) -> np.ndarray:
+    if act == "none":
+        return h
+    from ....ops import REGISTRY
+
+    return np.asarray(REGISTRY[act].reference([h], {}), np.float64)
+
+
 def dequantised(layers, knobs: dict[str, Any], weights) -> list[np.ndarray]:
     """The weights a fused MLP of these knobs really multiplies by (fp32 layers as they are): its reference."""
     from ....quant import dequantise
@@ -555,5 +653,5 @@ def _rate(read: tuple[float, float], threads: int, probed: int, private: bool) -
     return one * threads if private else min(allt, one * threads)
 
 
-__all__ = ["FORMAT_CODES", "MlpError", "Pool", "SPIN_US", "bind", "defaults", "dequantised", "format_names", "formats_of",
+__all__ = ["A8", "FORMAT_CODES", "MlpError", "Pool", "SPIN_US", "bind", "defaults", "dequantised", "format_names", "formats_of", "layer_codes", "reference",
            "limit_estimate", "quantised", "source", "space", "split_names", "variants", "weight_bytes", "with_formats"]

@@ -141,7 +141,7 @@ def block_source(knobs: dict[str, Any]) -> str:
 # int8 weights and dynamic int8 activations: x quantised once per call (symmetric, shifted by 128 to u8), each
 # column's 4 consecutive rows side by side, one u8 x s8 dot product of 4 per lane (VNNI), int32 sums; the
 # shift is undone with each channel's sum of values: y = sx * sw * (acc - 128 * colsum)
-_DOT = r"""
+DOT = r"""
 #if V == 16 && defined(__AVX512VNNI__)
 static inline vi dot4(vi acc, uint32_t x4, const int8_t *w) {
     return (vi)_mm512_dpbusd_epi32((__m512i)acc, _mm512_set1_epi32((int)x4), _mm512_loadu_si512((const void *)w));
@@ -182,7 +182,7 @@ static float quantise_x(const float *x, uint8_t *xq, int K, int K4) {
 """
 
 
-def _a8_block(knobs: dict[str, Any]) -> str:
+def a8_block_source(knobs: dict[str, Any]) -> str:
     jb, ks, unroll = knobs["jb"], knobs["ksplit"], knobs["unroll"]
     step = lambda t, s: " ".join(  # noqa: E731
         f"a{s}_{v} = dot4(a{s}_{v}, xq[{t}], wp + ((long)({t}) * JBV + {v} * V) * 4);" for v in range(jb))
@@ -239,7 +239,7 @@ def source(knobs: dict[str, Any], epilogue: str) -> str:
                    "    const uint32_t *x4 = (const uint32_t *)xq;  /* the caller's: inside the parallel loop xq is each thread's own */")
         call = ("qblock(x4, w + (long)b * K4 * 4 * JBV, g->scales, g->colsum, g->bias, g->y, N, K4,"
                 " b * JBV, sx, EPI)")
-        body = [_DOT, _a8_block(knobs)]
+        body = [DOT, a8_block_source(knobs)]
     else:
         per_panel = "((long)K * JBV)" if fmt != "int4" else "((long)((K + QB - 1) / QB) * QB / 2 * JBV)"
         scales = "g->scales + (long)b * ((K + QB - 1) / QB) * JBV" if fmt == "int4" else "g->scales"
@@ -321,5 +321,5 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, W, bias, y):
     return struct_call(lib.pf_qgemv, args, (x, W, pk, bias, y))
 
 
-__all__ = ["LOADS", "QGemvArgs", "act_int8", "bind", "block_source", "pack_for", "quantised", "reference_inputs", "source",
+__all__ = ["DOT", "LOADS", "QGemvArgs", "a8_block_source", "act_int8", "bind", "block_source", "pack_for", "quantised", "reference_inputs", "source",
            "variants", "with_formats"]
