@@ -204,7 +204,8 @@ def test_the_whole_model_budget_is_split_over_parts_and_judged_on_the_chain():
     assert "exceeds the budget 0.01" in bad["excess"] and bad["value"] == pytest.approx(0.03)
 
 
-def test_a_quantised_fused_plan_exports_to_c_with_its_formats(tmp_path):
+@pytest.mark.parametrize("act", ["fp32", "int8"])
+def test_a_quantised_fused_plan_exports_to_c_with_its_formats(tmp_path, act):
     import os
     import shutil
     import subprocess
@@ -220,8 +221,11 @@ def test_a_quantised_fused_plan_exports_to_c_with_its_formats(tmp_path):
 
     widths = (19, 37, 23, 5)
     knobs = dict(INNER[0], threads=2, spin_us=mlp.SPIN_US[0], pin=1, split0="k", split1="n", split2="k",
-                 wfmt0="int4", wfmt1="int8", wfmt2="bf16", qblock=32)
-    knobs["vec"] = min(knobs["vec"], CpuTarget().limits().vector_lanes)
+                 wfmt0="int4", wfmt1="int8", wfmt2="bf16", qblock=32, act=act)
+    lim = CpuTarget().limits()
+    knobs["vec"] = min(knobs["vec"], lim.vector_lanes)
+    if act == "int8" and knobs["vec"] not in lim.dot_i8_lanes:
+        pytest.skip("no u8 x s8 dot product here")
     g = policy_mlp(1, widths)
     plan = CpuTarget().plan(g, mlp_program(widths, knobs))
     (x,) = g.example_inputs(3)
