@@ -88,6 +88,19 @@ class AccuracyBudget:
                 "budget": self.budget.to_json()}
 
 
+def plan_verdict(budget: Accuracy, fmts: dict[str, str], error: Callable[[], float]) -> str | None:
+    """Why a plan with the quantised steps ``fmts`` (``program_formats``) is over ``budget``, saying by how much
+    (``error()``: its measured error, called only when there is a budget to hold it to), or None."""
+    if not fmts:
+        return None
+    names = ", ".join(f"{k} {f}" for k, f in sorted(fmts.items()))
+    if not budget.allows_quantisation:
+        return (f"accuracy: quantised weights ({names}), but no accuracy budget was stated, and the default "
+                f"allows no quantisation (state one, e.g. accuracy=max_rel_err:0.01)")
+    why = budget.excess(error())
+    return f"accuracy: {names}: {why}" if why else None
+
+
 @dataclass
 class PlanAccuracy:
     """The accuracy budget of a whole-graph plan (a model, or a part of one) in the finalist walk (its outputs on
@@ -114,15 +127,7 @@ class PlanAccuracy:
         return self.measured[c.fingerprint]
 
     def __call__(self, c: Candidate) -> str | None:
-        fmts = self.formats(c)
-        if not fmts:
-            return None
-        names = ", ".join(f"{k} {f}" for k, f in sorted(fmts.items()))
-        if not self.budget.allows_quantisation:
-            return (f"accuracy: quantised weights ({names}), but no accuracy budget was stated, and the default "
-                    f"allows no quantisation (state one, e.g. accuracy=max_rel_err:0.01)")
-        why = self.budget.excess(self.error(c))
-        return f"accuracy: {names}: {why}" if why else None
+        return plan_verdict(self.budget, self.formats(c), lambda: self.error(c))
 
     def record(self, c: Candidate) -> dict[str, Any]:
         """What the spec records of the chosen plan: each quantised step's format, the whole output's measured
@@ -131,4 +136,4 @@ class PlanAccuracy:
                 "budget": self.budget.to_json(), "judged_on": "the task's outputs"}
 
 
-__all__ = ["ACT_KNOB", "PlanAccuracy", "AccuracyBudget", "BLOCK_KNOB", "FORMAT_KNOB", "format_of", "program_formats", "step_format"]
+__all__ = ["ACT_KNOB", "PlanAccuracy", "AccuracyBudget", "BLOCK_KNOB", "FORMAT_KNOB", "format_of", "plan_verdict", "program_formats", "step_format"]

@@ -79,18 +79,11 @@ def quantised_error(program, outs: list[np.ndarray], ref: list[np.ndarray], accu
     ``Accuracy.to_json()``, or None: the default, which allows no quantisation), or None: judged on the whole
     output against the fp64 reference, the worst output counting."""
     from ...quant import Accuracy
-    from ...validate.accuracy import program_formats
+    from ...validate.accuracy import plan_verdict, program_formats
 
-    fmts = program_formats(program)
-    if not fmts:
-        return None
-    names = ", ".join(f"{c} {f}" for c, f in sorted(fmts.items()))
-    budget = Accuracy(**accuracy) if accuracy else Accuracy()
-    if not budget.allows_quantisation:
-        return (f"accuracy: quantised weights ({names}), but no accuracy budget was stated, and the default allows "
-                f"no quantisation")
-    why = budget.excess(budget.worst(budget.measure(o, r) for o, r in zip(outs, ref)))
-    return f"accuracy: {names}: {why}" if why else None
+    budget = Accuracy.from_json(accuracy) if accuracy else Accuracy()
+    return plan_verdict(budget, program_formats(program),
+                        lambda: budget.worst(budget.measure(o, r) for o, r in zip(outs, ref)))
 
 
 def run_plan_job(job: dict) -> dict:
