@@ -21,7 +21,12 @@ at sequence 32, batch 1. For each:
 
 Threads: torch, ONNX Runtime and OpenVINO get ``--threads`` (default: the
 machine's cores); numpy's BLAS (planforge's library steps) keeps its own
-setting (``OPENBLAS_NUM_THREADS`` if set).
+setting (``OPENBLAS_NUM_THREADS`` if set). OpenMP's idle threads sleep
+(``OMP_WAIT_POLICY=PASSIVE``, planforge's default, unless the environment sets
+it): torch and planforge's kernels share one libgomp here, loaded by
+``import torch`` before planforge could set it, so it is set before torch is
+imported and torch eager and ``torch.compile`` run under the same policy
+(ONNX Runtime and OpenVINO have their own thread pools).
 
     .venv/bin/python bench/transformers.py [--models gpt2-2,bert-2] [--budget 64] [--rounds 7] [--threads 2]
         [--reuse] [--json out.json]
@@ -39,6 +44,8 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads libgomp (see the docstring)
 
 # this file is named like the package it benchmarks: keep its own folder off the import path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
