@@ -8,7 +8,7 @@ within 5% of the *cold* run's best (the warm run is judged against the cold one'
 got there counts budget + 1). Measurements are real ones on this machine, so they carry its noise: the
 load average is recorded with the results.
 
-    .venv/bin/python bench/warm_shapes.py --budget 48 --seeds 1 --json bench/results/warm_shapes.json
+    .venv/bin/python bench/warm_shapes.py --budget 32 --seeds 3 --json bench/results/warm_shapes.json
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def tune(workload: str, shape: str, budget: int, seed: int, out: Path, warm: Pat
     [task] = spec["tasks"].values()
     s = task["search"]
     return {"curve": s["curve"], "evaluations": s["evaluations"], "strategy": s["strategy"], "wall_s": time.time() - t0,
-            "final_s": task["latency_s"], "warm_note": [ln for ln in stdout.splitlines() if "warm-started" in ln]}
+            "final_s": task["latency_s"], "warm_note": [ln for ln in stdout.splitlines() if "warm-started" in ln],
+            "warm_stage": next((st for st in task.get("funnel") or [] if st["stage"] == "warm"), None)}
 
 
 def evals_within(curve: list, bound: float, budget: int) -> int:
@@ -50,8 +51,9 @@ def evals_within(curve: list, bound: float, budget: int) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--budget", type=int, default=48)
-    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--budget", type=int, default=32)
+    ap.add_argument("--seeds", type=int, default=3, help="how many seeds (default 3)")
+    ap.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/planforge-warm-shapes"))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -60,7 +62,7 @@ def main(argv=None) -> int:
     load0 = os.getloadavg()[0]
     sources: dict[tuple[str, str, int], Path] = {}
     rows = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for wl, src, dst in PAIRS:
             key = (wl, src, seed)
             if key not in sources:
@@ -76,7 +78,8 @@ def main(argv=None) -> int:
                    "warm_best_s": min(m for _, m in warm["curve"]),
                    "cold_evals": evals_within(cold["curve"], bound, args.budget),
                    "warm_evals": evals_within(warm["curve"], bound, args.budget),
-                   "warm_start": warm["strategy"].get("warm_start"), "cold_wall_s": round(cold["wall_s"]),
+                   "warm_start": warm["strategy"].get("warm_start"), "warm_stage": warm["warm_stage"],
+                   "cold_wall_s": round(cold["wall_s"]),
                    "warm_wall_s": round(warm["wall_s"])}
             row["warm_over_cold"] = row["warm_evals"] / row["cold_evals"]
             # the same against the cold run's chosen plan as re-measured at its end (less at the mercy of one
@@ -90,10 +93,20 @@ def main(argv=None) -> int:
             print(f"{wl} {src} -> {dst} seed {seed}: cold {row['cold_evals']} evals to within 5% of its best "
                   f"({best * 1e6:.1f} us), warm {row['warm_evals']} (best {row['warm_best_s'] * 1e6:.1f} us)",
                   flush=True)
-    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "budget": args.budget, "seeds": args.seeds,
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "budget": args.budget,
+           "seeds": list(range(args.first_seed, args.first_seed + args.seeds)),
            "load_average": [round(load0, 2), round(os.getloadavg()[0], 2)], "wall_s": round(time.time() - t0),
            "pairs": rows, "median_warm_over_cold": sorted(r["warm_over_cold"] for r in rows)[len(rows) // 2]}
     out["median_warm_over_cold_final"] = sorted(r["warm_evals_final"] / r["cold_evals_final"] for r in rows)[len(rows) // 2]
+    # per pair, the median over seeds of warm / cold evaluations; then the median over the pairs
+    per_pair = {}
+    for r in rows:
+        per_pair.setdefault(f"{r['workload']} {r['source']} -> {r['target']}", []).append(r)
+    out["per_pair"] = {k: {"cold_evals": sorted(x["cold_evals"] for x in v), "warm_evals": sorted(x["warm_evals"] for x in v),
+                           "median_warm_over_cold": sorted(x["warm_over_cold"] for x in v)[len(v) // 2]}
+                       for k, v in per_pair.items()}
+    pm = sorted(v["median_warm_over_cold"] for v in out["per_pair"].values())
+    out["median_over_pairs"] = pm[len(pm) // 2]
     print(json.dumps({k: v for k, v in out.items() if k != "pairs"}, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
