@@ -6,7 +6,7 @@ from planforge.quant import (DEFAULT, FORMATS, INT4_BLOCKS, Accuracy, AccuracyEr
                              cosine, dequantise, error_bound, max_rel_err, pack, packed, parse_budget, quantise)
 from planforge.quant.formats import from_bf16, to_bf16
 from planforge.quant.pack import cache_info
-from planforge.search import Ranked, walk_finalists
+from planforge.search import NoValidFinalist, Ranked, walk_finalists
 from planforge.space import Space, categorical
 from planforge.validate import AccuracyBudget
 
@@ -153,3 +153,33 @@ def test_default_budget_rejects_every_quantised_plan_without_running_it():
     for fmt in ("bf16", "int8", "int4"):
         assert "no accuracy budget was stated" in check(_cand(wfmt=fmt, qblock=32))
     assert check(_cand(wfmt="fp32")) is None and not ran
+
+
+def test_when_every_finalist_is_over_budget_the_walk_goes_on_to_the_next_measured_plans():
+    from types import SimpleNamespace
+
+    from planforge.outcome import Outcome
+    from planforge.tuning import _walk_further
+
+    cands = [_cand(wfmt=f, qblock=b) for f, b in (("int4", 32), ("int4", 64), ("int4", 128), ("int8", 32))]
+    fp32 = _cand(wfmt="bf16", qblock=32)  # a plan within the budget, measured slower than the four over it
+    errors = {c.fingerprint: 0.08 for c in cands} | {fp32.fingerprint: 0.002}
+    ref = np.ones(4)
+    check = AccuracyBudget(Accuracy("max_rel_err", 0.01), lambda c: (ref * (1 + errors[c.fingerprint]), ref))
+    times = [1.0, 1.1, 1.2, 1.3, 5.0]
+    trials = [SimpleNamespace(candidate=c, outcome=Outcome("measured", None, (t,))) for c, t in zip([*cands, fp32], times)]
+    r = Ranked(2)
+    for x in trials[:2]:
+        r.insert(x.outcome.metric, x.candidate, x.outcome)
+    task = SimpleNamespace(validators=[check], peak_bytes=None, backend=None)
+    with pytest.raises(NoValidFinalist) as first:
+        walk_finalists(r, [check])
+    walk, err = _walk_further(task, SimpleNamespace(trials=trials), r, first.value, 2, here=False)
+    assert err is None and walk.accepted.candidate == fp32
+    assert walk.accepted.rank == 5 and [f.rank for f in walk.rejected] == [1, 2, 3, 4]
+    assert all("exceeds the budget" in f.reasons[0] for f in walk.rejected)
+    # nothing valid among the measured plans: the error names every plan walked
+    errors[fp32.fingerprint] = 0.5
+    task.validators = [AccuracyBudget(Accuracy("max_rel_err", 0.01), check.output)]  # (the check caches errors)
+    walk, err = _walk_further(task, SimpleNamespace(trials=trials), r, first.value, 2, here=False)
+    assert walk is None and len(err.rejected) == 5

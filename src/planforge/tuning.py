@@ -23,7 +23,7 @@ from .report.html import write_report
 from .report.run import write_run
 from .results import FALLBACK_WITHIN, PlanLoader, TaskResult, TuneResult, toolchain
 from .measure.executor import make_executor
-from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, make_strategy, walk_finalists
+from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, Walk, make_strategy, walk_finalists
 from .search.scheduler import DEFAULT_WARMUP, Grant, TaskSearch, TaskState, compact, make_scheduler, schedule
 from .search.strategies import Strategy
 from .search.warm import WarmError, WarmStart, warm_note
@@ -410,10 +410,47 @@ def _task_result(task: Task, result: SearchResult, strat: Strategy, screen, keep
         walk = walk_finalists(ranked, task.validators, task.peak_bytes)
         err = None
     except NoValidFinalist as e:
-        walk, err = None, e
+        walk, err = _walk_further(task, result, ranked, e, keep, here)
     best = result.ranked.best.metric if len(result.ranked) else None
     return TaskResult(task, result, walk, strat.describe(), rho, err, ranked, baselines,
                       screen.stages(result.evaluations, best), _bound(task, walk, ranked))
+
+
+WALK_FURTHER = 3  # batches of the next-best measured plans walked when every finalist fails validation
+
+
+def _walk_further(task: Task, result: SearchResult, ranked: Ranked, first: NoValidFinalist, keep: int,
+                  here: bool) -> tuple[Any, NoValidFinalist | None]:
+    """When every finalist fails validation (a quantised top-k all over its accuracy budget, say), the next-best
+    plans the search measured, ``keep`` at a time (re-measured on this machine), up to ``WALK_FURTHER`` batches:
+    a valid plan that was measured is not lost because faster invalid ones filled the top-k. Returns the walk
+    (its ranks counted on from the finalists') or the error of all that were walked."""
+    rejected = list(first.rejected)
+    seen = {e.candidate.fingerprint for e in ranked} | {f.candidate.fingerprint for f in rejected}
+    pool, fps = [], set()
+    for x in sorted((x for x in result.trials if x.outcome.ok), key=lambda x: x.outcome.metric):
+        if x.candidate.fingerprint not in seen | fps:
+            fps.add(x.candidate.fingerprint)
+            pool.append(x)
+    for i in range(WALK_FURTHER):
+        batch = pool[i * keep:(i + 1) * keep]
+        if not batch:
+            break
+        cands = [x.candidate for x in batch]
+        outs = task.backend.remeasure(cands, rounds=FINALIST_ROUNDS)[0] if here else [x.outcome for x in batch]
+        more = Ranked(keep)
+        for c, o in zip(cands, outs):
+            if o.ok:
+                more.insert(o.metric, c, o)
+        offset = len(rejected)
+        try:
+            w = walk_finalists(more, task.validators, task.peak_bytes)
+        except NoValidFinalist as e:
+            rejected += [dataclasses.replace(f, rank=f.rank + offset) for f in e.rejected]
+            continue
+        return Walk(dataclasses.replace(w.accepted, rank=w.accepted.rank + offset),
+                    tuple(rejected) + tuple(dataclasses.replace(f, rank=f.rank + offset) for f in w.rejected)), None
+    return None, NoValidFinalist(rejected)
 
 
 def _bound(task: Task, walk, ranked: Ranked) -> dict[str, Any] | None:
