@@ -161,7 +161,7 @@ class SimTarget:
                  for c in self.knob_space(problem).enumerate()}
         return TableBackend(table, label="sim", name="sim")
 
-    def graph_backend(self, graph, genome, seed=0):
+    def graph_backend(self, graph, genome, seed=0, accuracy=None):
         raise TargetError("the simulated target runs kernels only")
 
     def peak_bytes(self, graph, program):

@@ -244,7 +244,9 @@ class Target(Protocol):
 
     def kernel_backend(self, problem: Any, seed: int = 0) -> Backend: ...
 
-    def graph_backend(self, graph: Any, genome: Any, seed: int = 0) -> Backend: ...
+    def graph_backend(self, graph: Any, genome: Any, seed: int = 0, accuracy: dict | None = None) -> Backend:
+        """``accuracy``: the budget a plan with quantised weights is judged by (``quant.Accuracy.to_json()``;
+        None: fp32 weights only); a target whose templates read fp32 only refuses one."""
 
     def peak_bytes(self, graph: Any, program: list[dict[str, Any]]) -> int: ...
 
@@ -306,7 +308,7 @@ class Lookup:
     def kernel_backend(self, problem: Any, seed: int = 0) -> Backend:
         raise self._refuse("kernel backend")
 
-    def graph_backend(self, graph: Any, genome: Any, seed: int = 0) -> Backend:
+    def graph_backend(self, graph: Any, genome: Any, seed: int = 0, accuracy: dict | None = None) -> Backend:
         raise self._refuse("plan backend")
 
     def peak_bytes(self, graph: Any, program: list[dict[str, Any]]) -> int:

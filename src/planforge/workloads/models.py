@@ -217,6 +217,7 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
         return target.peak_bytes(graph, genome.program(c.as_dict()))
 
     quant = strata is not None
+    # a target written before the budget existed takes no accuracy argument: pass one only when there is a budget
     backend = (target.graph_backend(graph, genome, seed=seed, accuracy=accuracy.to_json()) if quant else
                target.graph_backend(graph, genome, seed=seed))
     check = _accuracy_check(graph, target, genome, accuracy, seed) if quant else None

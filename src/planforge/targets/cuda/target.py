@@ -225,9 +225,12 @@ class CudaTarget:
 
         return CudaBackend(problem, self.profile(), timing=self.timing, seed=seed, device=self.device)
 
-    def graph_backend(self, graph, genome, seed: int = 0):
+    def graph_backend(self, graph, genome, seed: int = 0, accuracy: dict | None = None):
         """Measures whole plans of ``genome`` on the GPU (``graph.CudaGraphBackend``); the timing is this
-        target's, else the GPU protocol with hot caches (weights stay in L2 between calls)."""
+        target's, else the GPU protocol with hot caches (weights stay in L2 between calls). Its templates read
+        fp32 weights only: an ``accuracy`` budget is refused."""
+        if accuracy is not None:
+            raise TargetError("the cuda target's templates read fp32 weights only: it takes no accuracy budget")
         self._need_gpu("measure whole-model plans")
         from .graph import CudaGraphBackend
 
