@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +120,19 @@ def saturate(g: Graph, rulesets: list[str], limits: Limits = Limits()) -> EClass
     if unknown:
         raise RewriteError(f"unknown rule sets {unknown}; known: {', '.join(known)}")
     eg = EGraph()
+    try:
+        return _saturate(g, eg, known, rulesets, limits)
+    except BaseException as e:
+        # the e-graph is freed here, on the thread that made it: egglog's may not be dropped on another thread,
+        # nor in a forked child (its drop waits for a thread pool the fork did not copy). An exception's traceback
+        # keeps the frames below alive, so their locals (the e-graph among them) are cleared; the lines stay.
+        traceback.clear_frames(e.__traceback__)
+        raise
+    finally:
+        del eg
+
+
+def _saturate(g: Graph, eg: EGraph, known, rulesets: list[str], limits: Limits) -> EClassGraph:
     t0 = time.perf_counter()
     root = encode(g, eg)
     rules = None

@@ -248,12 +248,16 @@ def _flags(openmp: bool, extra: Sequence[str], isa: str | None = None, cc: str |
 
 def build_many(jobs: Sequence[tuple[str, bool]], workers: int | None = None, extra_flags: Sequence[str] = (),
                cc: str | None = None, isa: str | None = None) -> list[tuple[Built | None, str | None, str]]:
-    """Build ``(source, openmp)`` pairs in parallel worker processes.
+    """Build ``(source, openmp)`` pairs in parallel, one compiler process per worker thread.
 
     Returns per job ``(built, error, log)``: a failed compile is a result, not
     an exception, so one bad candidate never stops the others. Identical
-    sources are built once. ``workers``: processes (default: one per CPU);
-    ``extra_flags``, ``cc``, ``isa``: as for ``build``."""
+    sources are built once. ``workers``: threads (default: one per CPU);
+    ``extra_flags``, ``cc``, ``isa``: as for ``build``. Threads, not forked
+    processes: the work is the compiler's, in its own process, and a fork of
+    the tuner would inherit its state (an egglog e-graph that the child's
+    garbage collector frees waits forever for egglog's thread pool, which a
+    fork does not copy: a build that never returned)."""
     compiler(cc)  # fail early and clearly when there is no compiler
     isa = isa_choice(isa)  # resolved here, so the workers build for the view this process has
     job_keys = [source_key(src, _flags(omp, extra_flags, isa, cc), cc) for src, omp in jobs]
@@ -264,7 +268,7 @@ def build_many(jobs: Sequence[tuple[str, bool]], workers: int | None = None, ext
     if n <= 1:
         done = {k: _build_job(a) for k, a in unique.items()}
     else:
-        with cf.ProcessPoolExecutor(max_workers=n) as pool:
+        with cf.ThreadPoolExecutor(max_workers=n, thread_name_prefix="planforge-build") as pool:
             done = dict(zip(unique, pool.map(_build_job, unique.values())))
     return [done[k] for k in job_keys]
 
