@@ -68,7 +68,10 @@ def test_resume_without_an_interrupted_run_starts_fresh(tmp_path):
 def test_ctrl_c_marks_interrupted_and_resumes(tmp_path):
     out = tmp_path / "run"
     db = out / "records.db"
-    p = subprocess.Popen([sys.executable, "-m", "planforge", *ARGS, "--out", str(out)],
+    # slower trials than the other tests': the interrupt must land while the run is still going, also on a
+    # loaded CI machine (at 0.15 s a trial one run finished before the signal arrived)
+    args = [a if a != "delay_s=0.15" else "delay_s=0.4" for a in ARGS]
+    p = subprocess.Popen([sys.executable, "-m", "planforge", *args, "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while time.time() < deadline and not (db.exists() and len(rows(db)) >= 3):
@@ -80,5 +83,5 @@ def test_ctrl_c_marks_interrupted_and_resumes(tmp_path):
     assert con.execute("SELECT status FROM runs").fetchone()[0] == "interrupted"
     con.close()
     n = len(rows(db))
-    run_cli(*ARGS, "--out", out, "--resume", check=True)
+    run_cli(*args, "--out", out, "--resume", check=True)
     assert len(rows(db)) == 20 and rows(db)[:n] == rows(db)[:n]
