@@ -113,9 +113,6 @@ TEMPLATES: dict[str, Template] = {
         source=lambda p, k: mlp.source(p.layers, k),
         bind=lambda lib, p, k, i, out: mlp.bind(lib, p.layers, k, i["x"], i["weights"], i["biases"], out),
         openmp_threads=False,  # its threads are its own persistent pool (templates/pool.py)
-        reference_inputs=lambda p, k, i: (None if not mlp.quantised(p.layers, k) else (
-            "+".join(mlp.formats_of(p.layers, k)) + f":{k.get('qblock')}",
-            lambda: {**i, "weights": mlp.dequantised(p.layers, k, i["weights"])})),
         variants=mlp.variants,
     ),
     **{op: Template(
