@@ -76,6 +76,11 @@ DEFAULTS = {
                                                                "c": 0.2}),
     "bandit:thompson+genetic+annealing": ("bandit", {"arms": "thompson+genetic+annealing", "c": 0.2}),
     "bandit:thompson+genetic": ("bandit", {"arms": "thompson+genetic", "c": 0.2}),
+    # issue 20, second round: thompson's posterior draw screens the other arms' proposals (the neighbour, child or
+    # restart it predicts fastest among screen_k of them)
+    "bandit:screened": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2, "screen": "thompson"}),
+    "bandit:screened-k4": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2, "screen": "thompson",
+                                      "screen_k": 4}),
     "thompson": ("thompson", {}),
     "thompson:wide": ("thompson", {"radius": 3, "global_every": 2}),
 }
@@ -204,6 +209,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-optuna", action="store_true", help="leave out the Optuna peer")
     ap.add_argument("--peer-seeds", type=int, default=None, help="seeds 0..P-1 for the Optuna peer (default: "
                                                                  "--seeds; its runs cost 10-100x planforge's)")
+    ap.add_argument("--optuna-skip", default="", help="spaces (labels joined by commas) left out of the Optuna "
+                                                        "peer: their cold peers come from replay_peers.json alone")
     ap.add_argument("--optuna-from", type=Path, help="with --no-optuna: take Optuna's cold figures from this "
                                                        "earlier --json of this script, as a cold peer")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes for the runs (default 1)")
@@ -280,14 +287,18 @@ def main(argv=None) -> int:
     methods = ["random", "auto", "warm:auto"] + ([] if args.no_optuna else ["optuna", "warm:optuna"])
     peers = peer_figures(PEERS_JSON)
     earlier = optuna_figures(args.optuna_from) if args.optuna_from else {}
-    todo = [(lb, m, s, EARLY) for lb in labels for m in methods for s in (peer_seeds if "optuna" in m else seeds)]
+    skip = {x for x in args.optuna_skip.split(",") if x}
+    if skip - set(labels):
+        ap.error(f"--optuna-skip: unknown {', '.join(sorted(skip - set(labels)))}; known: {', '.join(labels)}")
+    methods_of = {lb: [m for m in methods if lb not in skip or "optuna" not in m] for lb in labels}
+    todo = [(lb, m, s, EARLY) for lb in labels for m in methods_of[lb] for s in (peer_seeds if "optuna" in m else seeds)]
     todo += [(lb, f"default:{chosen_default[fam_of[lb]]}", s, EARLY) for lb in labels for s in seeds if chosen_default]
     todo += [(lb, "warm:auto", s, chosen[fam_of[lb]]) for lb in labels for s in seeds if args.choose]
     run.prefetch(args.jobs, todo)
     rows = {}
     for lb in labels:
         d = {m: stats([run.evals(lb, m, s) for s in (peer_seeds if "optuna" in m else seeds)], args.budget)
-             for m in methods}
+             for m in methods_of[lb]}
         if args.choose and chosen[fam_of[lb]] != EARLY:
             d["warm-lofo:auto"] = stats([run.evals(lb, "warm:auto", s, chosen[fam_of[lb]]) for s in seeds], args.budget)
         else:
@@ -296,7 +307,7 @@ def main(argv=None) -> int:
             d["cold-lofo"] = stats([run.evals(lb, f"default:{chosen_default[fam_of[lb]]}", s) for s in seeds],
                                    args.budget)
             d["cold-lofo"]["chosen"] = chosen_default[fam_of[lb]]
-        cold_peers = {} if args.no_optuna else {"optuna:tpe (this run)": (d["optuna"]["median"], d["optuna"]["p90"])}
+        cold_peers = {"optuna:tpe (this run)": (d["optuna"]["median"], d["optuna"]["p90"])} if "optuna" in d else {}
         cold_peers.update({k + " (replay_peers.json)": v for k, v in peers.get(lb, {}).items()})
         if lb in earlier:
             cold_peers[f"optuna:tpe ({args.optuna_from.name})"] = earlier[lb]
@@ -306,7 +317,7 @@ def main(argv=None) -> int:
         rows[lb] = d
         w, c = d["warm:auto"]["median"], d["auto"]["median"]
         print(f"{lb:30s} cold auto {c:6.1f}  warm auto {w:6.1f}  random {d['random']['median']:6.1f}"
-              + ("" if args.no_optuna else f"  optuna {d['optuna']['median']:6.1f} warm {d['warm:optuna']['median']:6.1f}")
+              + ("" if "optuna" not in d else f"  optuna {d['optuna']['median']:6.1f} warm {d['warm:optuna']['median']:6.1f}")
               + (f"  best cold peer {best[1][0]:g} ({best[0]})" if best else ""), flush=True)
 
     def ratio(lb, key):
@@ -332,7 +343,7 @@ def main(argv=None) -> int:
                                               "p90": summary.pop("cold_auto_not_worse_than_random_p90")}
     cpu = {m: round(run.cpu(m), 1) for m in methods}
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "budget": args.budget, "seeds": args.seeds,
-           "peer_seeds": len(peer_seeds),
+           "peer_seeds": len(peer_seeds), "optuna_skip": sorted(skip),
            "choose_seeds": args.choose, "early_default": EARLY, "early_grid": grid, "early_choice": choice_table,
            "defaults": {k: list(v) for k, v in DEFAULTS.items()}, "default_choice": default_table,
            "choose_default_seeds": args.defaults, "tolerance": TOLERANCE, "wall_s": round(time.time() - t0), "cpu_s": cpu, "summary": summary,

@@ -178,3 +178,53 @@ def test_thompson_rejects_an_empty_trust_region_setting():
     for bad in ({"global_every": 0}, {"top": 0}, {"radius": 0}):
         with pytest.raises(ValueError, match=r"setting \w+ must be in \[1, inf\], got 0"):  # checked by its settings
             make_strategy("thompson", space, 0, **bad)
+
+
+def test_screened_local_search_measures_what_the_screen_predicts_fastest_first():
+    from planforge.outcome import Outcome
+    from planforge.search.strategies import Annealing, Genetic, HillClimb
+
+    space = Space([int_range("a", 0, 9), int_range("b", 0, 9)])
+    fast = lambda c: -(c["a"] + c["b"])  # noqa: E731  (the screen's prediction: larger a + b is faster)
+    h = HillClimb(space, 0)
+    h.screen = lambda cands: [fast(c) for c in cands]
+    (start,) = h.ask(1)
+    h.tell([(start, Outcome.measured([1.0]))])
+    order = [h.ask(1)[0] for _ in range(len(space.neighbours(start)))]
+    preds = [fast(c) for c in order]
+    assert preds == sorted(preds)  # neighbours measured best predicted first
+    a = Annealing(space, 0)
+    a.screen, a.screen_k = (lambda cands: [fast(c) for c in cands]), 100
+    (s,) = a.ask(1)  # with every unproposed sample screened, the restart is the predicted best of its draws
+    a.tell([(s, Outcome.measured([1.0]))])
+    (n,) = a.ask(1)
+    fresh = [c for c in space.neighbours(s) if c.fingerprint != s.fingerprint]
+    assert fast(n) == min(fast(c) for c in fresh)  # screen_k covers every neighbour: the best predicted one
+    g = Genetic(space, 0, population=2)
+    calls = []
+    g.screen = lambda cands: calls.append(len(cands)) or [fast(c) for c in cands]
+    res = search(space, g, TableBackend({c.fingerprint: 1e-6 * (20 - c["a"] - c["b"] + 1) for c in space.enumerate()}),
+                 Budget(evals=12))
+    assert calls and max(calls) > 1 and res.evaluations == 12  # children screened, none measured twice
+
+
+def test_bandit_screen_wires_thompson_into_the_other_arms_and_rejects_a_model_less_screen():
+    from planforge.search.settings import SettingError
+
+    space = Space([int_range("a", 0, 9), int_range("b", 0, 9)])
+    table = {c.fingerprint: 1e-6 * (1 + (c["a"] - 3) ** 2 + (c["b"] - 7) ** 2) for c in space.enumerate()}
+    p = make_strategy("bandit", space, 1, arms="thompson+genetic+annealing+hillclimb", screen="thompson", screen_k=4)
+    assert all(arm.screen == p.arms["thompson"].predict and arm.screen_k == 4
+               for name, arm in p.arms.items() if name != "thompson")
+    assert p.arms["thompson"].screen is None and p.describe()["screen"] == "thompson"
+    assert p.arms["thompson"].predict(list(space.enumerate())[:3]) is None  # nothing measured: no say yet
+    res = search(space, p, TableBackend(table), Budget(evals=40))
+    fps = [t.candidate.fingerprint for t in res.trials]
+    assert len(fps) == len(set(fps)) == 40 and res.ranked.best.metric == min(table.values())
+    pred = p.arms["thompson"].predict(list(space.enumerate()))
+    truth = [table[c.fingerprint] for c in space.enumerate()]
+    assert pred[int(min(range(100), key=lambda i: truth[i]))] < sorted(pred)[50]  # the model places the best well
+    with pytest.raises(SettingError, match=r"screen must name an arm with a surrogate model \(thompson\), got 'genetic'"):
+        make_strategy("bandit", space, 0, arms="thompson+genetic", screen="genetic")
+    with pytest.raises(SettingError, match=r"\(none among the arms\), got 'thompson'"):
+        make_strategy("bandit", space, 0, arms="genetic+annealing", screen="thompson")

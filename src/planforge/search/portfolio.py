@@ -114,11 +114,15 @@ class Portfolio(Strategy):
     settings = (Setting("arms", "str", "+".join(DEFAULT_ARMS), "strategies to run as arms, joined by +"),
                 Setting("c", "float", 0.05, "weight of the bandit's exploration term", low=0),
                 Setting("window", "int", 500, "recent uses the bandit remembers", low=1),
-                Setting("arm_options", "json", None, "per arm name, a mapping of that arm's settings"))
+                Setting("arm_options", "json", None, "per arm name, a mapping of that arm's settings"),
+                Setting("screen", "str", "", "an arm with a surrogate (thompson) whose predictions screen the "
+                                             "local-search arms' proposals ('': none)"),
+                Setting("screen_k", "int", 8, "with screen: candidates each screened proposal chooses among",
+                        low=2))
 
     def __init__(self, space: Space, seed: int = 0, arms: Sequence[str] | str = DEFAULT_ARMS, c: float = 0.05,
                  window: int = 500, arm_options: dict[str, dict[str, Any]] | None = None,
-                 catalog: Mapping[str, type[Strategy]] | None = None, **kw):
+                 catalog: Mapping[str, type[Strategy]] | None = None, screen: str = "", screen_k: int = 8, **kw):
         super().__init__(space, seed, **kw)
         if isinstance(arms, str):
             arms = [a for a in arms.split("+") if a]
@@ -140,6 +144,15 @@ class Portfolio(Strategy):
             cls = catalog[a]
             opts = check_options(a, cls.all_settings(), dict(arm_options.get(a, {})))
             self.arms[a] = cls(space, self.rng.randrange(2**31), **opts)
+        if screen:
+            models = [a for a, arm in self.arms.items() if callable(getattr(arm, "predict", None))]
+            if screen not in models:
+                raise SettingError(f"bandit: screen must name an arm with a surrogate model ("
+                                   f"{', '.join(models) or 'none among the arms'}), got {screen!r}")
+            for a, arm in self.arms.items():
+                if a != screen:
+                    arm.screen, arm.screen_k = self.arms[screen].predict, screen_k
+        self.screen_arm = screen
         self.bandit = AUCBandit(list(self.arms), c, window)
         self.owner: dict[str, str] = {}
         self.best = math.inf
@@ -193,4 +206,4 @@ class Portfolio(Strategy):
 
     def describe(self) -> dict:
         return {**super().describe(), "arms": list(self.arms), "c": self.bandit.c, "window": self.bandit.window,
-                "uses": dict(self.uses)}
+                "uses": dict(self.uses), **({"screen": self.screen_arm} if self.screen_arm else {})}
