@@ -84,6 +84,13 @@ def test_the_analytic_model_bounds_and_ranks_the_tiles(op, d, epi):
     small, big = space.make({**base, "owb": 1}), space.make({**base, "owb": 4, ("cbv" if op == "dwconv" else "ob"): 2})
     slow, fast = m.predict([small, big])
     assert slow > 1.5 * fast
+    if op == "conv":  # the tile of 24 accumulators first: ob 2 x owb 8 (16) ran 1.2-1.5x its time, measured alone
+        d24 = dims(1, 64, 24, 24, 64, 3, 1, 1)  # rows both widths divide
+        p24 = Problem(op, d24, epi)
+        s24 = TEMPLATES[op].space(p24, Lim)
+        m24 = AnalyticModel(op, d24, epi, flops(p24), ceilings(), s24, False, Lim.vector_registers)
+        wide, narrow = m24.predict([s24.make({**base, "cb": 16, "ob": ob, "owb": owb}) for ob, owb in ((4, 6), (2, 8))])
+        assert wide * 1.1 < narrow
 
 
 @pytest.mark.parametrize("ob, cb, threads", [(1, 8, 1), (3, 8, 2), (2, 1024, 2)])

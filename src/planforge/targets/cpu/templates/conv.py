@@ -217,7 +217,7 @@ def _tile_conv(ob: int, owb: int, unroll: int, vec_ops: str, sc_ops: str) -> str
     for j in range(ob):
         body.append(f"vf w{j} = vload(wk + (long)(c - c0) * OBW + {j} * V);")
     for i in range(owb):
-        body.append(f"{{ vf xv = vset(xk[(long){i} * SW * CP + c]); " +
+        body.append(f"{{ vf xv = xk[(long){i} * SW * CP + c] - (vf){{0}}; " +
                     " ".join(f"a{i}_{j} = xv * w{j} + a{i}_{j};" for j in range(ob)) + " }")
     keep = "\n".join(f"                vstore(part + (long)(ow0 + {i}) * GOP + gch + {j} * V, a{i}_{j});"
                      for i in range(owb) for j in range(ob))
