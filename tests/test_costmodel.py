@@ -10,7 +10,7 @@ from planforge.targets.table import TableBackend
 from planforge.costmodel import spearman, top_k_recall
 from planforge.costmodel.analytic import AnalyticModel, Ceilings
 from planforge.costmodel.columns import index_columns, ravel, shape_columns, valid_points
-from planforge.costmodel.funnel import Funnel, Subspace, pruned_fraction
+from planforge.costmodel.funnel import Funnel, Subspace, pruned_fraction, spread_order
 from planforge.costmodel.learned import LearnedRanker, grades, task_dims
 from planforge.targets.cpu.templates import TEMPLATES, Problem, flops
 from planforge.search import Budget, STRATEGIES, make_strategy, search
@@ -439,3 +439,45 @@ def test_without_the_funnel_the_whole_valid_space_is_searched(tmp_path):
                                  {"stage": "measured", "count": 2}]
     assert res[True].funnel[0] == {"stage": "space", "count": space.size}
     assert res[False].result.counts.get("rejected", 0) == 0
+
+
+def test_a_tie_of_the_model_is_kept_and_ordered_spread_over_every_knob_value():
+    # a roofline predicts one time for every point of a memory-bound kernel: the space's own order would keep
+    # (and measure first) the points of its first vector width and blocking only
+    space = Space([pow2("vec", 4, 16), pow2("jb", 1, 8), pow2("ksplit", 1, 4), pow2("unroll", 1, 8),
+                   categorical("layout", ["row", "packed"])])
+    idx = valid_points(space)
+    pred = np.full(len(idx), 1e-3)
+    pred[7] = 5e-4  # one point predicted faster comes first whatever the spread
+    pred[:4] = 2e-3  # and slower ones after the tie
+    order = spread_order(pred, idx, need=16, seed=0)
+    assert sorted(order.tolist()) == list(range(len(idx)))
+    assert order[0] == 7 and set(order[-4:].tolist()) == {0, 1, 2, 3}
+    first = idx[order[1:17]]
+    for j, k in enumerate(space.knobs):  # the first 16 of the tie hold every value of every knob
+        assert set(first[:, j].tolist()) == set(range(len(k.values))), k.name
+    # the first two of the tie differ in every knob (farthest-point under Hamming distance)
+    assert np.count_nonzero(idx[order[1]] != idx[order[2]]) == len(space.knobs)
+    assert order.tolist() == spread_order(pred, idx, need=16, seed=0).tolist()  # the seed fixes it
+    assert order.tolist() != spread_order(pred, idx, need=16, seed=1).tolist()
+    # the funnel's top-k of such a tie is a design over its knob values, not a corner of the space
+    class Flat:
+        name = "flat"
+
+        def evaluate(self, cols):
+            n = len(next(iter(cols.values())))
+            return type("E", (), {"fits": np.ones(n, bool), "predicted_s": np.full(n, 1e-3),
+                                  "bound_s": np.full(n, 1e-3)})()
+
+        def predict(self, cands):
+            return [1e-3] * len(cands)
+
+        estimate = features_of = predict
+
+        def lower_bound(self, cands):
+            return [1e-3] * len(cands)
+
+    kept = [c.as_dict() for c in Funnel(Flat(), top_k=16).screen(space).space.enumerate()]
+    assert len(kept) == 16
+    for k in space.knobs:
+        assert {c[k.name] for c in kept} == set(k.values), k.name

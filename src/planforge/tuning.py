@@ -343,7 +343,7 @@ def _task_search(db: Records, run_id: str, workload: Workload, task: Task, strat
     # the funnel keeps the sources' best configurations beside its roofline top-k (the warm stage)
     screen = Funnel(task.cost_model if funnel else None, min_k=4 * (budget.evals or 16),
                     warm=warm_on(task.space, driver) if funnel else None,
-                    warm_k=budget.evals or 32).screen(task.space)
+                    warm_k=budget.evals or 32, seed=seed).screen(task.space)
     space = screen.space
 
     def strategy_for(target: str) -> Strategy:

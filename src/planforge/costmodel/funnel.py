@@ -169,6 +169,55 @@ def pruned_fraction(stages: Sequence[Mapping[str, Any]], start: str = "restricti
     return 1.0 - by.get("measured", 0) / by[start]
 
 
+SPREAD_LIMIT = 4096  # the most points of one tie that the farthest-point order spreads (the rest: at random)
+
+
+def spread_order(predicted: np.ndarray, points: np.ndarray, need: int, seed: int = 0) -> np.ndarray:
+    """Positions of ``predicted`` (seconds per point; ``points``: their knob-value indices, a row each), fastest
+    first; points predicted exactly equally fast in the order that spreads them over the knob values.
+
+    A roofline predicts the same time for every point of a memory-bound kernel whose tiles all stream at the
+    bound (232 of the 528 points of an fp32 GEMV 1x4096x4096 here), so ordering a tie by the space's own order
+    would keep (and measure first) a corner of it that varies only the last knobs: one vector width, one
+    blocking. Instead each tie that reaches into the first ``need`` positions is ordered by farthest-point
+    sampling under Hamming distance (each next point differs from every point before it in as many knobs as
+    possible), from a random start, ties broken by a random permutation seeded by ``seed``: the top-k is a
+    design over the tie's knob values, and so is the model-guided search's first batch, which follows it."""
+    n = len(predicted)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(n)
+    order = perm[np.argsort(predicted[perm], kind="stable")]  # by time; a tie in random order
+    vals = predicted[order]
+    starts = np.flatnonzero(np.r_[True, vals[1:] != vals[:-1]])
+    ends = np.r_[starts[1:], n]
+    for a, b in zip(starts, ends):
+        if a >= need:
+            break
+        if b - a > 2:
+            m = min(b - a, SPREAD_LIMIT)
+            order[a:a + m] = order[a:a + m][_farthest_first(points[order[a:a + m]])]
+    return order
+
+
+def _farthest_first(x: np.ndarray) -> np.ndarray:
+    """Row order of ``x`` (knob-value indices) by greedy farthest-point sampling under Hamming distance, from
+    row 0; among equally far rows the first."""
+    m = len(x)
+    picked = np.zeros(m, dtype=bool)
+    out = np.empty(m, dtype=np.int64)
+    dist = np.full(m, np.iinfo(np.int64).max)
+    cur = 0
+    for i in range(m):
+        out[i] = cur
+        picked[cur] = True
+        np.minimum(dist, np.count_nonzero(x != x[cur], axis=1), out=dist)
+        dist[picked] = -1
+        cur = int(np.argmax(dist))
+    return out
+
+
 @dataclass
 class Funnel:
     """The static funnel of one task.
@@ -192,6 +241,8 @@ class Funnel:
             beside the top-k.
         warm_k: how many of the warm ranking's points the warm stage keeps
             (default 32; the driver passes the evaluation budget).
+        seed: orders the points the model predicts equally fast (``spread_order``;
+            default 0; the driver passes the run's seed).
     """
 
     model: Any = None  # see ``screen``: only an Analytic model cuts
@@ -201,6 +252,7 @@ class Funnel:
     limit: int = 20_000_000
     warm: Ranking | None = None
     warm_k: int = 32
+    seed: int = 0
 
     def __post_init__(self):
         if self.top_k <= 0 or (self.top_k >= 1 and self.top_k != int(self.top_k)):
@@ -228,8 +280,9 @@ class Funnel:
         est = self.model.evaluate(index_columns(space, idx))
         fit = np.flatnonzero(est.fits)
         counts["capacity"] = len(fit)
-        order = fit[np.lexsort((np.arange(len(fit)), est.predicted_s[fit]))]  # stable: ties keep space order
-        keep = order[: self.k_of(len(fit))]
+        k = self.k_of(len(fit))
+        order = fit[spread_order(est.predicted_s[fit], idx[fit], k, self.seed)]
+        keep = order[:k]
         counts["top-k"] = len(keep)
         added, warm = self._warm_stage(ravel(idx, space), est.fits, keep)
         rows = np.concatenate([keep, added])  # the warm stage's points after the top-k, in its order
