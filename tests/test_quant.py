@@ -41,6 +41,26 @@ def test_bound_is_half_a_step():
     assert np.allclose(error_bound(W, quantise(W, "bf16")), np.abs(W) * 2.0 ** -8)
 
 
+@pytest.mark.parametrize("shift", [0.0, 3.0, -3.0])
+def test_dynamic_activations_are_asymmetric_with_zero_exact(shift):
+    from planforge.quant import quantise_activations
+
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(301) + shift).astype(np.float32)
+    x[17] = 0.0
+    q, s = quantise_activations(x)
+    lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    assert np.isclose(s, (hi - lo) / 255, rtol=1e-6)
+    err = np.abs(q.astype(np.float64) * s - x)
+    assert err.max() <= s / 2 * (1 + 1e-4) and q[17] == 0  # half a step; zero exact
+    assert q.max() - q.min() <= 255 and q.max() - q.min() >= 254  # the range spans the 256 codes
+    # a one-sided input (a ReLU's or SwiGLU's output) gets about twice the resolution of a symmetric 127-step scale
+    if shift:
+        assert s < np.abs(x).max() / 127 * 0.6
+    zq, zs = quantise_activations(np.zeros(8, np.float32))
+    assert not zq.any() and zs == 1
+
+
 def test_bf16_rounds_to_nearest_even():
     x = np.array([1.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -2.5, 3.0e38], np.float32)
     back = from_bf16(to_bf16(x))

@@ -146,15 +146,19 @@ def dequantise(qw: QWeights, dtype=np.float64) -> np.ndarray:
 
 
 def quantise_activations(x) -> tuple[np.ndarray, np.float32]:
-    """Dynamic symmetric int8 of an activation vector, as the kernels do it per call (in fp32, the same
-    operations in the same order, so that the values match bit for bit): ``(q, scale)`` with ``x ~ scale * q``."""
+    """Dynamic int8 of an activation vector, as the kernels do it per call (in fp32, the same operations in the
+    same order, so that the values match bit for bit): asymmetric, ``u = round(x / scale) + zp`` clamped to
+    0..255 over the range ``[min(x, 0), max(x, 0)]`` (zero is exact), as ONNX Runtime's dynamic quantisation
+    does. Returns ``(q, scale)`` with ``q = u - zp`` (int16) and ``x ~ scale * q``."""
     x = np.asarray(x, np.float32)
-    amax = np.float32(np.max(np.abs(x))) if x.size else np.float32(0)
-    if amax == 0:
-        return np.zeros(x.shape, np.int8), np.float32(1)
-    inv = np.float32(127) / amax
-    q = np.clip(np.rint(x * inv), -127, 127).astype(np.int8)
-    return q, amax / np.float32(127)
+    lo = min(np.float32(np.min(x)), np.float32(0)) if x.size else np.float32(0)
+    hi = max(np.float32(np.max(x)), np.float32(0)) if x.size else np.float32(0)
+    if not hi > lo:
+        return np.zeros(x.shape, np.int16), np.float32(1)
+    inv = np.float32(255) / np.float32(hi - lo)
+    zp = np.rint(-lo * inv).astype(np.float32)
+    u = np.clip(np.rint(x * inv) + zp, 0, 255)
+    return (u - zp).astype(np.int16), np.float32(hi - lo) / np.float32(255)
 
 
 def error_bound(W, qw: QWeights) -> np.ndarray:

@@ -355,12 +355,13 @@ static inline void lmv(struct pool *p, int t, int i, const float *x, int rows, i
 #if A8
     if (LFMT[i] == 4) {  /* the input quantised (the whole of it: this layer is split along N), int32 dot products */
         const int K4 = (rows + 3) / 4, N = LN[i], Np = (N + JBV - 1) / JBV * JBV;
-        const float sx = quantise_x(x, p->xq[t], rows, K4);
+        int zp;
+        const float sx = quantise_x(x, p->xq[t], rows, K4, &zp);
         const float *sc = p->sc[t][i];
         const long np = (c1 - c0 + JBV - 1) / JBV;
         for (long b = 0; b < np; b++)
             qblock_a8((const uint32_t *)p->xq[t], (const int8_t *)p->w[t][i] + b * K4 * 4 * JBV, sc,
-                      (const int32_t *)(sc + Np), bias, y, N, K4, c0 + (int)b * JBV, sx, epi);
+                      (const int32_t *)(sc + Np), bias, y, N, K4, c0 + (int)b * JBV, sx, zp, epi);
         return;
     }
 #endif
@@ -591,7 +592,7 @@ def bind(lib: ctypes.CDLL, layers, knobs: dict[str, Any], x: np.ndarray, weights
 
 def reference(layers, knobs: dict[str, Any], x, weights, biases) -> np.ndarray:
     """What a fused MLP of these knobs computes, in fp64: its dequantised weights, and each layer with int8
-    activations fed its input as the kernel quantises it (symmetric over the whole input, in fp32)."""
+    activations fed its input as the kernel quantises it (asymmetric over the whole input, in fp32)."""
     from ....quant import quantise_activations
 
     h = np.asarray(x, np.float64).reshape(-1)

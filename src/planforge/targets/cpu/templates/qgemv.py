@@ -138,9 +138,11 @@ def block_source(knobs: dict[str, Any]) -> str:
     return "\n".join(L + _store(jb, sums))
 
 
-# int8 weights and dynamic int8 activations: x quantised once per call (symmetric, shifted by 128 to u8), each
-# column's 4 consecutive rows side by side, one u8 x s8 dot product of 4 per lane (VNNI), int32 sums; the
-# shift is undone with each channel's sum of values: y = sx * sw * (acc - 128 * colsum)
+# int8 weights and dynamic int8 activations: x quantised once per call (asymmetric u8 with a zero point, as ONNX
+# Runtime's dynamic quantisation: 255 steps over the range the input spans, so a one-sided input such as a
+# SwiGLU's or a ReLU's output gets twice the resolution of a symmetric 127), each column's 4 consecutive rows
+# side by side, one u8 x s8 dot product of 4 per lane (VNNI), int32 sums; the zero point is undone with each
+# channel's sum of values: y = sx * sw * (acc - zp * colsum)
 DOT = r"""
 #if V == 16 && defined(__AVX512VNNI__)
 static inline vi dot4(vi acc, uint32_t x4, const int8_t *w) {
@@ -165,18 +167,20 @@ static inline vi dot4(vi acc, uint32_t x4, const int8_t *w) {
 }
 #endif
 static inline vi vload_i(const int32_t *p) { vi v; memcpy(&v, p, sizeof v); return v; }
-/* x -> u8 (q + 128, q = round(x * 127 / max|x|)), padded with 128 to whole groups of 4; returns the scale */
-static float quantise_x(const float *x, uint8_t *xq, int K, int K4) {
-    float amax = 0.0f;
-    for (int k = 0; k < K; k++) { float a = fabsf(x[k]); amax = a > amax ? a : amax; }
+/* x -> u8, asymmetric over [min(x, 0), max(x, 0)] in 255 steps: u = round(x / sx) + zp, zero exact at zp; padded
+   with zp to whole groups of 4; returns the scale, *zp the zero point */
+static float quantise_x(const float *x, uint8_t *xq, int K, int K4, int *zp) {
+    float lo = 0.0f, hi = 0.0f;
+    for (int k = 0; k < K; k++) { lo = x[k] < lo ? x[k] : lo; hi = x[k] > hi ? x[k] : hi; }
     float inv = 0.0f, sx = 1.0f;
-    if (amax > 0.0f) { inv = 127.0f / amax; sx = amax / 127.0f; }
+    int z = 0;
+    if (hi > lo) { inv = 255.0f / (hi - lo); sx = (hi - lo) / 255.0f; z = (int)nearbyintf(-lo * inv); }
     for (int k = 0; k < K; k++) {
-        float r = nearbyintf(x[k] * inv);
-        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
-        xq[k] = (uint8_t)((int)r + 128);
+        float r = nearbyintf(x[k] * inv) + (float)z;
+        xq[k] = (uint8_t)(r > 255.0f ? 255.0f : (r < 0.0f ? 0.0f : r));
     }
-    for (int k = K; k < 4 * K4; k++) xq[k] = 128;
+    for (int k = K; k < 4 * K4; k++) xq[k] = (uint8_t)z;
+    *zp = z;
     return sx;
 }
 """
@@ -188,11 +192,11 @@ def a8_block_source(knobs: dict[str, Any]) -> str:
         f"a{s}_{v} = dot4(a{s}_{v}, xq[{t}], wp + ((long)({t}) * JBV + {v} * V) * 4);" for v in range(jb))
     L = ["static inline void qblock(const uint32_t *restrict xq, const int8_t *restrict wp, const float *restrict sp,"
          " const int32_t *restrict cs, const float *restrict bias, float *restrict y, int N, int K4, int j0,"
-         " float sx, int epi) {",
+         " float sx, int zp, int epi) {",
          *("    " + " ".join(f"vi a{s}_{v} = (vi){{0}};" for v in range(jb)) for s in range(ks)),
          "    int t = 0;", f"    #pragma GCC unroll {unroll}", f"    for (; t + {ks} <= K4; t += {ks}) {{",
          *(f"        {step(f't + {s}', s)}" for s in range(ks)), "    }", f"    for (; t < K4; t++) {{ {step('t', 0)} }}"]
-    sums = {v: f"__builtin_convertvector(({' + '.join(f'a{s}_{v}' for s in range(ks))}) - 128 * "
+    sums = {v: f"__builtin_convertvector(({' + '.join(f'a{s}_{v}' for s in range(ks))}) - zp * "
                f"vload_i(cs + j0 + {v} * V), vf) * (vload(sp + j0 + {v} * V) * sx)" for v in range(jb)}
     return "\n".join(L + _store(jb, sums))
 
@@ -235,10 +239,10 @@ def source(knobs: dict[str, Any], epilogue: str) -> str:
     if a8:
         prepare = ("const int K4 = (K + 3) / 4;\n    static __thread uint8_t *xq; static __thread size_t cap;\n"
                    "    if (cap < (size_t)K4 * 4) { free(xq); xq = aligned_alloc(64, ((size_t)K4 * 4 + 63) / 64 * 64);"
-                   " cap = xq ? (size_t)K4 * 4 : 0; }\n    const float sx = quantise_x(g->x, xq, K, K4);\n"
+                   " cap = xq ? (size_t)K4 * 4 : 0; }\n    int zp;\n    const float sx = quantise_x(g->x, xq, K, K4, &zp);\n"
                    "    const uint32_t *x4 = (const uint32_t *)xq;  /* the caller's: inside the parallel loop xq is each thread's own */")
         call = ("qblock(x4, w + (long)b * K4 * 4 * JBV, g->scales, g->colsum, g->bias, g->y, N, K4,"
-                " b * JBV, sx, EPI)")
+                " b * JBV, sx, zp, EPI)")
         body = [DOT, a8_block_source(knobs)]
     else:
         per_panel = "((long)K * JBV)" if fmt != "int4" else "((long)((K + QB - 1) / QB) * QB / 2 * JBV)"
