@@ -481,3 +481,28 @@ def test_a_tie_of_the_model_is_kept_and_ordered_spread_over_every_knob_value():
     assert len(kept) == 16
     for k in space.knobs:
         assert {c[k.name] for c in kept} == set(k.values), k.name
+
+
+def test_a_measurement_that_beats_its_bound_corrects_the_roofline_stage_instead_of_ending_the_search():
+    # the model's ceilings too low (a bandwidth probed on a busy machine): every time is 0.7x its bound
+    m, space = model_for("gemv", (512, 256))
+    cands, _ = truth(m, space, spread=0.0)
+    table = {c.fingerprint: 0.7 * b * (1 + 0.2 * (i % 5)) for i, (c, b) in enumerate(zip(cands, m.lower_bound(cands)))}
+    screen = Funnel(m, top_k=1.0 - 1e-9, margin=0.1).screen(space)
+    first = min(cands, key=lambda c: table[c.fingerprint])
+    best = table[first.fingerprint]
+    uncorrected = sum(screen.admit(c, best) is not None for c in cands)
+    assert uncorrected > 0.9 * len(cands)  # refused nearly everything: the search would end here
+    screen.pruned = 0
+    screen.observe(first, best)
+    assert screen.scale == pytest.approx(0.7)
+    refused = [c for c in cands if screen.admit(c, best) is not None]
+    assert len(refused) < uncorrected
+    # what is still refused is slower than the best by its corrected bound
+    assert all(table[c.fingerprint] > best for c in refused)
+    assert all(0.7 * m.lower_bound([c])[0] > best * 1.1 for c in refused)
+    assert refused and "scaled by 0.7" in screen.admit(refused[0], best)
+    roof = next(s for s in screen.stages(1, best) if s["stage"] == "roofline")
+    assert roof["bound_scale"] == pytest.approx(0.7)
+    screen.observe(first, 10 * best)  # a slower time never loosens it again
+    assert screen.scale == pytest.approx(0.7)

@@ -160,6 +160,9 @@ class _Refuse:
             return f"slower than twice {best}"
         return None
 
+    def observe(self, c, metric):
+        assert metric == self.table[c.fingerprint]
+
 
 class _Counting(TableBackend):
     def measure(self, candidates):

@@ -129,6 +129,8 @@ class Screen:
     seconds: float = 0.0
     warm: dict[str, int] | None = None  # the warm stage: ranked (considered), in_top_k, added, unfit
 
+    scale: float = 1.0  # what the bounds are multiplied by: below 1 once a measured time beat its own bound
+
     def bound(self, c: Candidate) -> float | None:
         b = self.bounds.get(c.fingerprint)
         if b is None and self.model is not None:
@@ -136,25 +138,37 @@ class Screen:
             self.bounds[c.fingerprint] = b
         return b
 
+    def observe(self, c: Candidate, metric: float) -> None:
+        """A measured time: one below its own lower bound proves the model's ceilings too low (a bandwidth or
+        peak the probe measured on a busy machine, a cache the model does not know), so every bound is scaled
+        down by the largest such miss, and the roofline stage refuses only what the corrected bounds rule out
+        (with uncorrected bounds, a kernel that beats them once gets every later proposal refused)."""
+        b = self.bound(c)
+        if b and metric > 0 and metric < b * self.scale:
+            self.scale = metric / b
+
     def admit(self, c: Candidate, best: float | None) -> str | None:
         """Why ``c`` must not be measured (its bound is slower than ``best``), or None."""
         if best is None or self.model is None:
             return None
         b = self.bound(c)
-        if b is not None and b > best * (1.0 + self.margin):
+        if b is not None and b * self.scale > best * (1.0 + self.margin):
             self.pruned += 1
-            return f"roofline: its lower bound {b:.4g} s is slower than the best measured {best:.4g} s"
+            scaled = f" (the model's {b:.4g} s scaled by {self.scale:.3g}: a measured time beat its bound)" \
+                if self.scale < 1 else ""
+            return f"roofline: its lower bound {b * self.scale:.4g} s{scaled} is slower than the best measured {best:.4g} s"
         return None
 
     def stages(self, measured: int, best: float | None) -> list[dict[str, Any]]:
         """``[{"stage", "count"}, ...]`` from the whole space down to what was measured."""
         out = [{"stage": name, "count": int(n)} for name, n in self.counts.items()]
         if self.model is not None and "capacity" in self.counts:
-            lim = math.inf if best is None else best * (1.0 + self.margin)
+            lim = math.inf if best is None else best * (1.0 + self.margin) / self.scale
             fit = int(np.sum(self.fit_bounds <= lim)) if self.fit_bounds is not None else self.counts["capacity"]
             kept = int(np.sum(self.kept_bounds <= lim)) if self.kept_bounds is not None else self.counts["top-k"]
             out = [o for o in out if o["stage"] != "top-k"]
-            out += [{"stage": "roofline", "count": fit}, {"stage": "top-k", "count": min(kept, fit)}]
+            roof = {"stage": "roofline", "count": fit, **({"bound_scale": self.scale} if self.scale < 1 else {})}
+            out += [roof, {"stage": "top-k", "count": min(kept, fit)}]
             if self.warm is not None:  # what the search may draw from: the top-k and the warm stage's additions
                 out.append({"stage": "warm", "count": min(kept, fit) + self.warm["added"], **self.warm})
         out.append({"stage": "measured", "count": int(measured)})

@@ -201,6 +201,8 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
         if tr.bound:
             b = tr.bound
             ratio = f"; the accepted plan runs at {b['of_bound']:.2f}x its bound" if b.get("of_bound") else ""
+            if b.get("of_bound") and b["of_bound"] < 1:  # the ceilings were low; the roofline stage corrected them
+                ratio += " (faster than the model's ceilings allow: re-run `planforge probe` on a quiet machine)"
             con.print(f"  roofline: bound {fmt_time(b['bound_s'])}, {b['limiter']}-limited prediction "
                       f"{fmt_time(b['predicted_s'])}{ratio}")
             far = [f"#{r['rank']} {r['of_bound']:.2f}x" for r in b.get("ranked", []) if r.get("of_bound")]

@@ -126,9 +126,13 @@ class Admission(Protocol):
     """A screen in front of the slots (the funnel's roofline stage, ``costmodel.funnel.Screen``):
     ``admit(candidate, best)`` says why a candidate must not be measured, given
     the best metric measured so far (None: nothing yet), or None to measure it.
-    A refused candidate is a ``rejected`` outcome: never measured, not an evaluation."""
+    A refused candidate is a ``rejected`` outcome: never measured, not an evaluation.
+    ``observe(candidate, metric)`` is told every measured time (a screen whose bounds a
+    measurement beats corrects them)."""
 
     def admit(self, c: Candidate, best: float | None) -> str | None: ...
+
+    def observe(self, c: Candidate, metric: float) -> None: ...
 
 
 StrategyFor = Union[Strategy, Callable[[str], Strategy]]
@@ -241,6 +245,8 @@ def search_async(space: Space, strategy: StrategyFor, executor: Executor, budget
             on_trial(t)
         if o.ok:
             s.ranked.insert(o.metric, c, o)
+            if screen is not None:
+                screen.observe(c, o.metric)
         return c, o
 
     def resubmit(s: _Search, where: str, again: list[Candidate]) -> int:
