@@ -90,6 +90,22 @@ def test_workloads_run_on_the_target_they_are_given(profile):
     assert load_workload("drill", target="table").tasks[0].backend.fingerprint.startswith("table:drill:")
 
 
+def test_remeasure_measures_the_libraries_it_is_given_and_none_for_an_empty_list(profile):
+    from planforge.targets.cpu.templates import available_libraries
+
+    t = CpuTarget(profile)
+    task = load_workload("softmax", {"shape": "4,32"}, target=t).tasks[0]
+    try:
+        c = task.space.make(t.default_knobs(t.problem("softmax", [4, 32])))
+        outs, libs = task.backend.remeasure([c], libraries=(), rounds=1)
+        assert outs[0].ok and libs == {}  # the finalist walk's later batches: plans only
+        outs, libs = task.backend.remeasure([c], libraries=["numpy"], rounds=1)
+        assert set(libs) == {"numpy"}
+        assert set(task.backend.remeasure([c], rounds=1)[1]) == set(available_libraries())
+    finally:
+        task.backend.close()
+
+
 @pytest.mark.parametrize("name, options, target, message", [
     ("drill", {}, "cpu", "the drill runs on the 'table' target only"),
     ("gemm", {}, "table", "target 'table' has no kernel templates"),

@@ -437,7 +437,8 @@ def _walk_further(task: Task, result: SearchResult, ranked: Ranked, first: NoVal
         if not batch:
             break
         cands = [x.candidate for x in batch]
-        outs = task.backend.remeasure(cands, rounds=FINALIST_ROUNDS)[0] if here else [x.outcome for x in batch]
+        outs = task.backend.remeasure(cands, libraries=(), rounds=FINALIST_ROUNDS)[0] if here \
+            else [x.outcome for x in batch]
         more = Ranked(keep)
         for c, o in zip(cands, outs):
             if o.ok:

@@ -236,7 +236,8 @@ class GraphBackend:
         """Plans and the numpy baseline again, interleaved round by round; raw times of all rounds pooled."""
         times = Pooled()  # every round's raw times and the highest load any round saw
         failed: dict[str, Outcome] = {}
-        keys = [c.fingerprint for c in candidates] + ["numpy"]
+        libs = ["numpy"] if libraries is None or "numpy" in libraries else []  # () measures the plans only
+        keys = [c.fingerprint for c in candidates] + libs
         for _ in range(rounds):
             for c in candidates:
                 if c.fingerprint in failed:
@@ -247,14 +248,14 @@ class GraphBackend:
                     times.add(c.fingerprint, o)
                 else:
                     failed[c.fingerprint] = o
-            if "numpy" not in failed:
+            if libs and "numpy" not in failed:
                 o = self._run(self._job("numpy"))
                 if o.ok:
                     times.add("numpy", o)
                 else:
                     failed["numpy"] = o
         res = {k: failed.get(k) or times.outcome(k) for k in keys}
-        return [res[c.fingerprint] for c in candidates], {"numpy": res["numpy"]}
+        return [res[c.fingerprint] for c in candidates], {k: res[k] for k in libs}
 
     def program(self, candidate: Candidate) -> list[dict]:
         """The program the genome extracts for ``candidate``: what the spec records and ``planforge run`` executes."""

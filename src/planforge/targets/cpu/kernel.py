@@ -106,14 +106,14 @@ class CpuBackend:
 
     def baselines(self, libraries: Sequence[str] | None = None) -> dict[str, Outcome]:
         """Each library implementation of the same op on the same inputs, measured the same way."""
-        return {lib: self._run(self._job(lib)) for lib in (libraries or available_libraries())}
+        return {lib: self._run(self._job(lib)) for lib in _names(libraries)}
 
     def remeasure(self, candidates: Sequence[Candidate], libraries: Sequence[str] | None = None,
                   rounds: int = 3) -> tuple[list[Outcome], dict[str, Outcome]]:
         """Measure finalists and baselines again, interleaved round by round, so
         that a slow phase of a noisy machine hits them all alike. Raw times of
         all rounds are pooled."""
-        libs = list(libraries or available_libraries())
+        libs = _names(libraries)
         times = Pooled()  # every round's raw times and the highest load any round saw
         failed: dict[str, Outcome] = {}
         names = [c.fingerprint for c in candidates] + libs
@@ -226,3 +226,8 @@ def _remote_cpu_backend(problem: dict, template: str, profile, timing: dict, see
 
 
 __all__ = ["BuildError", "CpuBackend"]
+
+
+def _names(libraries: Sequence[str] | None) -> list[str]:
+    """The libraries to measure: ``None`` all there are, an empty sequence none."""
+    return list(available_libraries() if libraries is None else libraries)

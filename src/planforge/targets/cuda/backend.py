@@ -91,7 +91,7 @@ class CudaBackend:
         return self._run(self._job("triton", candidate.as_dict()))
 
     def baselines(self, libraries: Sequence[str] | None = None) -> dict[str, Outcome]:
-        names = list(libraries or self.libraries)
+        names = list(self.libraries if libraries is None else libraries)
         bad = [n for n in names if n not in LIBRARIES]
         if bad:
             raise ValueError(f"unknown GPU library baseline(s) {', '.join(bad)}; known: {', '.join(LIBRARIES)}")
@@ -100,7 +100,7 @@ class CudaBackend:
     def remeasure(self, candidates: Sequence[Candidate], libraries: Sequence[str] | None = None,
                   rounds: int = 3) -> tuple[list[Outcome], dict[str, Outcome]]:
         """Finalists and baselines again, interleaved round by round; raw times pooled."""
-        libs = list(libraries or self.libraries)
+        libs = list(self.libraries if libraries is None else libraries)
         jobs = [(c.fingerprint, self._job("triton", c.as_dict())) for c in candidates] + \
             [(n, self._job(n)) for n in libs]
         res = interleaved(self._run, jobs, rounds)

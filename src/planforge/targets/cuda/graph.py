@@ -192,10 +192,11 @@ class CudaGraphBackend:
     def remeasure(self, candidates: Sequence[Candidate], libraries: Sequence[str] | None = None,
                   rounds: int = 3) -> tuple[list[Outcome], dict[str, Outcome]]:
         """Plans and the torch baseline again, interleaved round by round; raw times of all rounds pooled."""
+        libs = ["torch"] if libraries is None or "torch" in libraries else []  # () measures the plans only
         jobs = [(c.fingerprint, self._job("plan", self.program(c))) for c in candidates] + \
-            [("torch", self._job("torch"))]
+            [(n, self._job(n)) for n in libs]
         res = interleaved(self._run, jobs, rounds)
-        return [res[c.fingerprint] for c in candidates], {"torch": res["torch"]}
+        return [res[c.fingerprint] for c in candidates], {n: res[n] for n in libs}
 
     def program(self, candidate: Candidate) -> list[dict]:
         """The program the genome extracts for ``candidate``: what the spec records and ``planforge run`` executes."""
