@@ -212,9 +212,11 @@ def _peers(workload, xs, ref, tol) -> list:
 
 
 def end_to_end(workload, results: Sequence[TaskResult], objective: Objective, target, seed: int = 0,
-               rounds: int = 3) -> tuple[EndToEnd, Any]:
+               rounds: int = 3, peers: list | None = None) -> tuple[EndToEnd, Any, list]:
     """Decide per task, build the whole plan with those decisions, check it against the fp64 reference, and
-    measure it against the whole library; returns the figures and the plan."""
+    measure it against the whole library and the model's runtimes; returns the figures, the plan and the
+    runtimes (``peers``: those of an earlier call on the same workload and seed, so that a second measurement,
+    after L2 changed a task's plan, does not export and load the model into every runtime again)."""
     from .targets.cpu.graph import numpy_forward, tolerance
 
     g = workload.graph
@@ -236,7 +238,7 @@ def end_to_end(workload, results: Sequence[TaskResult], objective: Objective, ta
                          f"{tol:.3g}; every part passed on its own, so the chaining is at fault")
     fwd = numpy_forward(g)
     run = plan.feed
-    peers = _peers(workload, xs, ref[0], tol)
+    peers = _peers(workload, xs, ref[0], tol) if peers is None else peers
     timed = [p for p in peers if p.run is not None]
     more = measure({"plan": lambda: run(*xs), "library": lambda: fwd(*xs), **{p.name: p.run for p in timed}},
                    rounds)
@@ -251,7 +253,7 @@ def end_to_end(workload, results: Sequence[TaskResult], objective: Objective, ta
                       "ratio_vs_library": tr.ratio_vs_library} for tr in results), key=lambda d: -d["share"])
     e2e = EndToEnd(med, p99, len(mine), "numpy", float(np.median(lib)), _percentile(lib, 99), shares,
                    objective.control(med, p99), decisions, objective.to_json(), peer_json, accuracy)
-    return e2e, plan
+    return e2e, plan, peers
 
 
 def whole_accuracy(workload, programs: dict[str, list[dict] | None], out, ref) -> dict[str, Any] | None:

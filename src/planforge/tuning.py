@@ -239,14 +239,14 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
             from .workloads.objective import Objective
 
             objective = Objective.parse(workload.manifest.options.get("objective"))
-            e2e, _ = end_to_end(workload, results, objective, workload.target, seed)
+            e2e, _, peers = end_to_end(workload, results, objective, workload.target, seed)
             if l2 is not None and l2.mode == "auto" and not e2e.holds:
                 # the task-level target missed: L2 on the tasks it had not run on; a kept plan changes the chain
                 kept = _l2_round(db, run_id, workload, per_task, main, l2, notes, task_level_missed=True)
                 results = [d.get(main) or next(iter(d.values())) for d in per_task]
                 by_target[main] = [d[main] for d in per_task if main in d]
                 if kept:
-                    e2e, _ = end_to_end(workload, results, objective, workload.target, seed)
+                    e2e, _, _ = end_to_end(workload, results, objective, workload.target, seed, peers=peers)
         spec = build_spec(workload, results, budget, main, e2e) if ok else None
         if spec is not None and schedule_json is not None:  # how the budget was spent across the tasks
             spec["schedule"] = schedule_json
