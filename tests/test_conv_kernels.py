@@ -80,7 +80,8 @@ def test_the_analytic_model_bounds_and_ranks_the_tiles(op, d, epi):
     cands = [space.sample(random.Random(i)) for i in range(200)]
     e = m.estimate(cands)
     assert np.all(e.predicted_s >= e.bound_s) and np.all(e.bound_s >= flops(p) / (200e9 * 2) * (1 - 1e-9))
-    base = {"vec": 16, "unroll": 1, "threads": 1, **({"cbv": 1} if op == "dwconv" else {"ob": 1, "cb": 64, "order": 0})}
+    base = {"vec": 16, "unroll": 1, "threads": 1,
+            **({"cbv": 1} if op == "dwconv" else {"ob": 1, "cb": 64, "order": 0, "pf": 0})}
     small, big = space.make({**base, "owb": 1}), space.make({**base, "owb": 4, ("cbv" if op == "dwconv" else "ob"): 2})
     slow, fast = m.predict([small, big])
     assert slow > 1.5 * fast
@@ -107,7 +108,7 @@ def test_channel_blocks_outermost_match_the_reference(ob, cb, threads, profile):
     space = TEMPLATES["conv"].space(p, lim)
     values = {k.name: k.values for k in space.knobs}
     want = {"vec": max(values["vec"]), "owb": 2, "ob": ob, "cb": cb, "unroll": 2,
-            "threads": min(threads, max(values["threads"])), "order": 1}  # (a one-core machine: one thread)
+            "threads": min(threads, max(values["threads"])), "order": 1, "pf": 1024}  # (one core: one thread)
     c = space.nearest_valid(want)
     assert c is not None and c.as_dict()["order"] == 1
     be = CpuBackend(p, TEMPLATES["conv"], profile, timing=ONCE)
