@@ -32,7 +32,8 @@ from .facts import Facts
 class GemmArgs(ctypes.Structure):
     _fields_ = [("A", ctypes.c_void_p), ("B", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("C", ctypes.c_void_p),
                 ("M", ctypes.c_int), ("N", ctypes.c_int), ("K", ctypes.c_int), ("mc", ctypes.c_int),
-                ("kc", ctypes.c_int), ("nc", ctypes.c_int), ("threads", ctypes.c_int), ("par", ctypes.c_int)]
+                ("kc", ctypes.c_int), ("nc", ctypes.c_int), ("threads", ctypes.c_int), ("par", ctypes.c_int),
+                ("pre", ctypes.c_int)]
 
 
 def space(M: int, N: int, K: int, profile) -> Space:
@@ -77,12 +78,16 @@ def space(M: int, N: int, K: int, profile) -> Space:
     )
 
 
-def _ukernel(mr: int, nv: int, pack_a: int, pack_b: int, unroll: int) -> str:
-    """The MR x NR micro-kernel, written out so every accumulator is a named register variable."""
-    a_at = (lambda i: f"a[k * {mr} + {i}]") if pack_a else (lambda i: f"a[{i} * lda + k]")
+def _ukernel(mr: int, nv: int, pack_a: int, pack_b: int, unroll: int, name: str = "ukernel",
+             rolled_epi: bool = False) -> str:
+    """An mr x (nv vectors) micro-kernel, written out so every accumulator is a named register variable. Packed
+    panels keep the full tile's strides (``MR``, ``NR``): an edge kernel reads the same padded panels.
+    ``rolled_epi``: apply the epilogue (the compile-time ``EPI``) in a loop over the stored tile instead of per
+    register (an edge kernel: less code to build)."""
+    a_at = (lambda i: f"a[k * MR + {i}]") if pack_a else (lambda i: f"a[{i} * lda + k]")
     b_at = (lambda v: f"b + k * NR + {v} * V") if pack_b else (lambda v: f"b + k * ldb + {v} * V")
     L = []
-    L.append("static inline void ukernel(int kc, const float *restrict a, long lda, const float *restrict b, long ldb,"
+    L.append(f"static {'' if rolled_epi else 'inline '}void {name}(int kc, const float *restrict a, long lda, const float *restrict b, long ldb,"
              " float *restrict c, long ldc, int first, int last, const float *restrict bias, int epi) {")
     for i in range(mr):
         L.append("    " + " ".join(f"vf c{i}_{v} = vset(0.0f);" for v in range(nv)))
@@ -93,14 +98,51 @@ def _ukernel(mr: int, nv: int, pack_a: int, pack_b: int, unroll: int) -> str:
     for i in range(mr):
         L.append(f"        {{ vf av = vset({a_at(i)}); " + " ".join(f"c{i}_{v} = av * b{v} + c{i}_{v};" for v in range(nv)) + " }")
     L.append("    }")
-    for v in range(nv):
-        L.append(f"    vf bias{v} = last && epi ? vload(bias + {v} * V) : vset(0.0f);")
+    if not rolled_epi:
+        for v in range(nv):
+            L.append(f"    vf bias{v} = last && epi ? vload(bias + {v} * V) : vset(0.0f);")
     for i in range(mr):
         for v in range(nv):
-            L.append(f"    {{ float *p = c + {i} * ldc + {v} * V; vf x = c{i}_{v}; if (!first) x += vload(p);"
-                     f" if (last) x = vepi(x, bias{v}, epi); vstore(p, x); }}")
+            tail = "" if rolled_epi else f" if (last) x = vepi(x, bias{v}, epi);"
+            L.append(f"    {{ float *p = c + {i} * ldc + {v} * V; vf x = c{i}_{v}; if (!first) x += vload(p);{tail}"
+                     " vstore(p, x); }")
+    if rolled_epi:  # the epilogue over the stored tile, in a loop: written out per accumulator it is most of the code
+        L.append(f"    if (last && EPI) epi_tile({mr}, {nv}, c, ldc, bias);")
     L.append("}")
     return "\n".join(L)
+
+
+def _edges(mr: int, nv: int, pack_a: int, pack_b: int) -> str:
+    """Vector kernels for the partial tiles and ``edge_vec``, which runs a partial tile (``mr`` of MR rows, ``nr``
+    of NR columns) on them: r rows of NV vectors (an M edge), MR rows of n vectors (an N edge), and one row of n
+    vectors, called per row for a corner; the columns past the last whole vector (``nr % V``) go to the scalar
+    tile. Without them an M of 17 at MR 4 computed its last row, and a partial column panel, in scalar code.
+    Edge kernels are not unrolled and not inlined (a fraction of the work, and each adds to the build time)."""
+    shapes = sorted({(r, nv) for r in range(1, mr)} | {(mr, n) for n in range(1, nv)} | {(1, n) for n in range(1, nv)})
+    out = ["""__attribute__((noinline)) static void epi_tile(int r, int n, float *c, long ldc, const float *bias) {
+    for (int i = 0; i < r; i++)
+        for (int v = 0; v < n; v++) { float *p = c + i * ldc + v * V; vstore(p, vepi(vload(p), vload(bias + v * V), EPI)); }
+}"""] + ["__attribute__((noinline)) " + _ukernel(r, n, pack_a, pack_b, 1, f"uk_{r}_{n}", True) for r, n in shapes]
+
+    def switch(on: str, cases, call) -> str:
+        return f"switch ({on}) {{ " + " ".join(f"case {k}: {call(r, n)}; break;" for k, (r, n) in cases) + " default: break; }"
+
+    args = "(kc, a, lda, b, ldb, c, ldc, first, last, bias, epi)"
+    row = "(kc, a + i * " + ("1" if pack_a else "lda") + ", lda, b, ldb, c + i * ldc, ldc, first, last, bias, epi)"
+    rows = switch("mr", [(r, (r, nv)) for r in range(1, mr)], lambda r, n: f"uk_{r}_{n}{args}")
+    cols = switch("nw", [(n, (mr, n)) for n in range(1, nv)], lambda r, n: f"uk_{r}_{n}{args}")
+    ones = switch("nw", [(n, (1, n)) for n in range(1, nv)], lambda r, n: f"uk_{r}_{n}{row}")
+    out.append(f"""static void edge_vec(int mr, int nr, int kc, const float *a, long lda, const float *b, long ldb, long b_rs,
+                     float *c, long ldc, int first, int last, const float *bias, int epi) {{
+    int nw = nr / V;
+    if (nw == NV) {{ {rows} }}
+    else if (nw > 0 && mr == MR) {{ {cols} }}
+    else if (nw > 0) for (int i = 0; i < mr; i++) {{ {ones} }}
+    if (nr > nw * V)
+        edge_tile(mr, nr - nw * V, kc, a, {"1, MR" if pack_a else "lda, 1"}, b + nw * V, b_rs, c + nw * V, ldc, first, last,
+                  bias ? bias + nw * V : NULL, epi);
+}}""")
+    return "\n\n".join(out)
 
 
 def source(knobs: dict[str, Any], epilogue: str) -> str:
@@ -114,10 +156,12 @@ def source(knobs: dict[str, Any], epilogue: str) -> str:
         "ir": "for (int ir = 0; ir < mb; ir += MR)",
     }
     a_ptr = "ap + (ir / MR) * MR * kb" if pa else "A + (long)(ic + ir) * lda + pc"
-    b_ptr = "bp + (jr / NR) * NR * kb" if pb else "B + (long)pc * ldb + jc + jr"
+    q = qgemm.parts(knobs) or {}  # a quantised B: its packing, type and the slices' column offsets
+    b_ptr = "B + (long)pc * ldb + jc + jr"
+    if pb:  # B packed per call into bp, or (fp32, ``pre``) once when bound, as NR-wide panels of all K rows
+        b_ptr = "bp + (jr / NR) * NR * kb" if q else "(pre ? B + (long)((jc + jr) / NR) * NR * K + (long)pc * NR : bp + (jr / NR) * NR * kb)"
     a_ld = "MR" if pa else "lda"
     b_ld = "NR" if pb else "ldb"
-    q = qgemm.parts(knobs) or {}  # a quantised B: its packing, type and the slices' column offsets
     pack_call = q.get("pack_call", "pack_b(kb, nb, B + (long)pc * ldb + jc, ldb, bp);")
     body = f"""
 {defs}{header()}
@@ -135,6 +179,8 @@ static void edge_tile(int mr, int nr, int kc, const float *a, long a_rs, long a_
             c[i * ldc + j] = s;
         }}
 }}
+
+{_edges(mr, nv, pa, pb)}
 
 static __thread float *buf_a, *buf_b;
 static __thread size_t cap_a, cap_b;
@@ -156,16 +202,15 @@ static void pack_a(int mb, int kb, const float *A, long lda, float *ap) {{
 }}
 
 static void gemm_block(const float *A, {q.get("block_b", "const float *B")}, const float *bias, float *C, int M, int N, int K,
-                       long lda, long ldb, long ldc, int mc, int kc, int nc{q.get("block_j0", "")}) {{
+                       long lda, long ldb, long ldc, int mc, int kc, int nc, int pre{q.get("block_j0", "")}) {{
     const int epi = EPI;
-    float tile[MR * NR];
     for (int jc = 0; jc < N; jc += nc) {{
         int nb = N - jc < nc ? N - jc : nc;
         for (int pc = 0; pc < K; pc += kc) {{
             int kb = K - pc < kc ? K - pc : kc;
             int first = pc == 0, last = pc + kb >= K;
-            float *bp = {"scratch(&buf_b, &cap_b, (size_t)((nb + NR - 1) / NR) * NR * kb)" if pb else "NULL"};
-            {pack_call if pb else ""}
+            float *bp = {"pre ? NULL : scratch(&buf_b, &cap_b, (size_t)((nb + NR - 1) / NR) * NR * kb)" if pb else "NULL"};
+            {"if (!pre) " + pack_call if pb else ""}
             for (int ic = 0; ic < M; ic += mc) {{
                 int mb = M - ic < mc ? M - ic : mc;
                 float *ap = {"scratch(&buf_a, &cap_a, (size_t)((mb + MR - 1) / MR) * MR * kb)" if pa else "NULL"};
@@ -178,19 +223,8 @@ static void gemm_block(const float *A, {q.get("block_b", "const float *B")}, con
                     const float *bs = bias ? bias + jc + jr : NULL;
                     if (mr == MR && nr == NR) {{
                         ukernel(kb, {a_ptr}, {a_ld}, {b_ptr}, {b_ld}, c, ldc, first, last, bs, epi);
-                    }} else if ({pa} && {pb}) {{
-                        /* padded panels: full tile into scratch, then the valid part */
-                        ukernel(kb, {a_ptr}, {a_ld}, {b_ptr}, {b_ld}, tile, NR, 1, 0, NULL, 0);
-                        for (int i = 0; i < mr; i++)
-                            for (int j = 0; j < nr; j++) {{
-                                float x = tile[i * NR + j] + (first ? 0.0f : c[i * ldc + j]);
-                                c[i * ldc + j] = last ? s_epi(x, bs ? bs[j] : 0.0f, epi) : x;
-                            }}
                     }} else {{
-                        edge_tile(mr, nr, kb, {"ap + (ir / MR) * MR * kb" if pa else "A + (long)(ic + ir) * lda + pc"},
-                                  {"1, MR" if pa else "lda, 1"},
-                                  {"bp + (jr / NR) * NR * kb" if pb else "B + (long)pc * ldb + jc + jr"}, {b_ld},
-                                  c, ldc, first, last, bs, epi);
+                        edge_vec(mr, nr, kb, {a_ptr}, {a_ld}, {b_ptr}, {b_ld}, {b_ld}, c, ldc, first, last, bs, epi);
                     }}
                 }}
             }}
@@ -198,11 +232,12 @@ static void gemm_block(const float *A, {q.get("block_b", "const float *B")}, con
     }}
 }}
 
-{q.get("args", "typedef struct {{ const float *A, *B, *bias; float *C; int M, N, K, mc, kc, nc, threads, par; }} gemm_args;").replace("{{", "{").replace("}}", "}")}
+{q.get("args", "typedef struct {{ const float *A, *B, *bias; float *C; int M, N, K, mc, kc, nc, threads, par, pre; }} gemm_args;").replace("{{", "{").replace("}}", "}")}
 
 void pf_gemm(const gemm_args *g) {{
     {q.get("setup", "const float *A = g->A, *B = g->B, *bias = g->bias; float *C = g->C;")}
-    int M = g->M, N = g->N, K = g->K;
+    int M = g->M, N = g->N, K = g->K, pre = {"0" if q or not pb else "g->pre"};
+    int nc = pre ? (g->nc + NR - 1) / NR * NR : g->nc;  /* prepacked panels: blocks start on a panel */
 #ifdef _OPENMP
     if (g->threads > 1) {{
         #pragma omp parallel num_threads(g->threads)
@@ -211,34 +246,50 @@ void pf_gemm(const gemm_args *g) {{
             if (g->par == 0) {{
                 int units = (N + NR - 1) / NR, per = (units + T - 1) / T;
                 int n0 = t * per * NR, n1 = n0 + per * NR < N ? n0 + per * NR : N;
-                if (n0 < n1) gemm_block(A, {q.get("b_cols", "B + n0")}, bias ? bias + n0 : NULL, C + n0, M, n1 - n0, K, K, N, N,
-                                        g->mc, g->kc, g->nc{q.get("j0", "")});
+                if (n0 < n1) gemm_block(A, {q.get("b_cols", "pre ? B + (long)(n0 / NR) * NR * K : B + n0")}, bias ? bias + n0 : NULL, C + n0, M, n1 - n0, K, K, N, N,
+                                        g->mc, g->kc, nc, pre{q.get("j0", "")});
             }} else {{
                 int units = (M + MR - 1) / MR, per = (units + T - 1) / T;
                 int m0 = t * per * MR, m1 = m0 + per * MR < M ? m0 + per * MR : M;
                 if (m0 < m1) gemm_block(A + (long)m0 * K, B, bias, C + (long)m0 * N, m1 - m0, N, K, K, N, N,
-                                        g->mc, g->kc, g->nc{q.get("j0_zero", "")});
+                                        g->mc, g->kc, nc, pre{q.get("j0_zero", "")});
             }}
         }}
         return;
     }}
 #endif
-    gemm_block(A, B, bias, C, M, N, K, K, N, N, g->mc, g->kc, g->nc{q.get("j0_zero", "")});
+    gemm_block(A, B, bias, C, M, N, K, K, N, N, g->mc, g->kc, nc, pre{q.get("j0_zero", "")});
 }}
 """
     return body
 
 
-def bind(lib: ctypes.CDLL, knobs: dict[str, Any], A, B, bias, C):
-    """A zero-argument callable running the kernel on these numpy arrays (kept alive by the closure)."""
+def panels(B: np.ndarray, nr: int) -> np.ndarray:
+    """B [K, N] as the micro-kernel reads packed panels: ceil(N / nr) panels of [K, nr], the last padded with zeros."""
+    K, N = B.shape
+    P = np.zeros((-(-N // nr), K, nr), np.float32)
+    for q in range(P.shape[0]):
+        w = min(nr, N - q * nr)
+        P[q, :, :w] = B[:, q * nr: q * nr + w]
+    return P
+
+
+def bind(lib: ctypes.CDLL, knobs: dict[str, Any], A, B, bias, C, const_b: bool = False):
+    """A zero-argument callable running the kernel on these numpy arrays (kept alive by the closure).
+
+    ``const_b`` (default False): B holds the same values at every call (a weight), so that with ``pack_b`` it is
+    packed here, once, instead of at every call."""
     M, K = A.shape
     N = B.shape[1]
     if qgemm.parts(knobs) is not None:  # quantised B, packed once (cached) in the layout its packing reads
         args, pk = qgemm.args(knobs, A, B, bias, C)
         return struct_call(lib.pf_gemm, args, (A, B, pk, bias, C))
-    args = GemmArgs(A.ctypes.data, B.ctypes.data, bias.ctypes.data if bias is not None else None, C.ctypes.data,
-                    M, N, K, knobs["mc"], knobs["kc"], knobs["nc"], knobs["threads"], 0 if knobs["par"] == "n" else 1)
-    return struct_call(lib.pf_gemm, args, (A, B, bias, C))
+    pre = bool(const_b and knobs["pack_b"])
+    Bp = panels(B, knobs["nv"] * knobs["vec"]) if pre else B
+    args = GemmArgs(A.ctypes.data, Bp.ctypes.data, bias.ctypes.data if bias is not None else None, C.ctypes.data,
+                    M, N, K, knobs["mc"], knobs["kc"], knobs["nc"], knobs["threads"], 0 if knobs["par"] == "n" else 1,
+                    int(pre))
+    return struct_call(lib.pf_gemm, args, (A, Bp, bias, C))
 
 
 # -- the gemm problem: C = act(A @ B + bias), A [M, K], B [K, N] ------------------------------------------------------

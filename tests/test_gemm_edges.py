@@ -1,0 +1,51 @@
+"""GEMM template edges: every partial register tile (rows past the last whole MR, column panels past the last
+whole NR, columns past the last whole vector, and their corners) runs the vector edge kernels and is correct."""
+import numpy as np
+import pytest
+
+from planforge.targets.cpu.build import build, load
+from planforge.targets.cpu.templates import gemm, limits
+
+
+def _vec(profile) -> int:
+    return max(v for v in (1, 4, 8, 16) if v <= limits(profile).vector_lanes)
+
+
+@pytest.mark.parametrize("mr, nv, pack_a, pack_b, const_b, threads, epilogue", [
+    (6, 3, 0, 0, False, 1, "bias_erfgelu"), (4, 2, 1, 1, False, 1, "bias"), (3, 4, 1, 0, False, 1, "none"),
+    (1, 2, 0, 1, False, 1, "bias_relu"),
+    # B packed once when bound (a weight): blocks of nc 64 that are no whole number of panels, threads' slices
+    (3, 3, 0, 1, True, 1, "bias"), (2, 3, 1, 1, True, 2, "bias_relu")])
+def test_every_partial_tile(profile, mr, nv, pack_a, pack_b, const_b, threads, epilogue):
+    V = _vec(profile)
+    knobs = dict(vec=V, mr=mr, nv=nv, unroll=2, pack_a=pack_a, pack_b=pack_b, order="ji", mc=16, kc=32, nc=64,
+                 threads=threads, par="n")
+    lib = load(build(gemm.source(knobs, epilogue), openmp=threads > 1))
+    rng = np.random.default_rng(mr * 10 + nv)
+    K = 45  # two K blocks: the partial one accumulates onto the first
+    # every row remainder 1..mr, and column counts that leave whole vectors, part vectors and a lone column
+    for M in range(mr + 1, 2 * mr + 1):
+        for N in (nv * V + 1, nv * V - 1 if nv * V > 1 else 1, 2 * V + 3, 3 * nv * V + V // 2 + 1):
+            A = rng.standard_normal((M, K)).astype(np.float32)
+            B = (rng.standard_normal((K, N)) / np.sqrt(K)).astype(np.float32)
+            bias = rng.standard_normal(N).astype(np.float32) if epilogue != "none" else None
+            C = np.full((M, N), np.nan, np.float32)
+            run = gemm.bind(lib, knobs, A, B, bias, C, const_b=const_b)
+            run()
+            want = gemm.apply_chain(A.astype(np.float64) @ B, epilogue, bias)
+            np.testing.assert_allclose(C, want, rtol=1e-5, atol=1e-5, err_msg=f"M={M} N={N} K={K}")
+            if const_b:  # packed at bind: a new A, the same weights
+                A[...] = rng.standard_normal((M, K))
+                run()
+                np.testing.assert_allclose(C, gemm.apply_chain(A.astype(np.float64) @ B, epilogue, bias), rtol=1e-5,
+                                           atol=1e-5, err_msg=f"second call M={M} N={N}")
+
+
+def test_edges_are_vector_code():
+    """The partial tiles have vector kernels of their own: a source without them would compute them in the scalar
+    tile (an M of 17 at MR 4 spent as long on its last row as on the other 16)."""
+    knobs = dict(vec=16, mr=4, nv=3, unroll=1, pack_a=0, pack_b=0, order="ji", mc=16, kc=32, nc=64, threads=1,
+                 par="n")
+    src = gemm.source(knobs, "bias")
+    for r, n in [(1, 3), (2, 3), (3, 3), (4, 1), (4, 2), (1, 1), (1, 2)]:
+        assert f"uk_{r}_{n}(" in src
