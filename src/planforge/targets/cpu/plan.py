@@ -44,8 +44,9 @@ def lib_step(kind: str, attr: str, ins: list[np.ndarray], out: np.ndarray) -> Ca
 
 
 def template_step(problem, knobs: dict, lib: ctypes.CDLL, ins: list[np.ndarray], out: np.ndarray,
-                  layer_params=None) -> Callable[[], None]:
-    """Bind a compiled template to arena views, naming the inputs as its problem's ``make_inputs`` does."""
+                  layer_params=None, consts: Sequence[bool] = ()) -> Callable[[], None]:
+    """Bind a compiled template to arena views, naming the inputs as its problem's ``make_inputs`` does.
+    ``consts``: per input, whether it is a constant of the plan (a GEMM packs a constant B once, when bound)."""
     t = TEMPLATES[problem.op]
     op = problem.op
     if t.plan_inputs is not None:
@@ -55,7 +56,8 @@ def template_step(problem, knobs: dict, lib: ctypes.CDLL, ins: list[np.ndarray],
         return t.bind(lib, problem, knobs, {"x": ins[0].reshape(-1), "weights": ws, "biases": bs}, out.reshape(-1))
     if op == "gemm":
         M, N, K = problem.dims
-        d = {"A": ins[0].reshape(M, K), "B": ins[1], "bias": ins[2] if len(ins) > 2 else None}
+        d = {"A": ins[0].reshape(M, K), "B": ins[1], "bias": ins[2] if len(ins) > 2 else None,
+             "B_const": len(consts) > 1 and consts[1]}
         return t.bind(lib, problem, knobs, d, out.reshape(M, N))
     if op == "gemv":
         d = {"x": ins[0].reshape(-1), "W": ins[1], "bias": ins[2] if len(ins) > 2 else None}
@@ -208,7 +210,7 @@ class Plan:
             p = problems[s["cls"]]
             if p.op == "gemv" and s["knobs"].get("w_layout") == "packed":
                 self.packed_bytes += ins[1].nbytes
-            return template_step(p, s["knobs"], lib, ins, out)
+            return template_step(p, s["knobs"], lib, ins, out, consts=[k in const for k in s["inputs"]])
         raise PlanError(f"step {s['cls']}: {op} is not an implementation")
 
     @staticmethod

@@ -92,7 +92,7 @@ TEMPLATES: dict[str, Template] = {
         space=lambda p, lim: gemm.space(*p.dims, lim),
         defaults=_gemm_defaults,
         source=lambda p, k: gemm.source(k, p.epilogue),
-        bind=lambda lib, p, k, i, out: gemm.bind(lib, k, i["A"], i["B"], i.get("bias"), out),
+        bind=lambda lib, p, k, i, out: gemm.bind(lib, k, i["A"], i["B"], i.get("bias"), out, i.get("B_const", False)),
         reference_inputs=lambda p, k, i: qgemv.reference_inputs(k, i, "B"),
         variants=lambda lim: qgemv.variants(lim, activations=False),  # B widened as it is packed: fp32 A
     ),
