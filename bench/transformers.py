@@ -236,6 +236,53 @@ def bench(name: str, budget: int, rounds: int, per_round_s: float, threads: int,
     return row
 
 
+def _label(step: dict) -> str:
+    """A step's kind for the profile: library or template, the op and its output shape (and a template's threads)."""
+    shape = "x".join(map(str, step["shape"]))
+    if step["op"].startswith("lib"):
+        return f"lib {step['args'][0]} {shape}"
+    knobs = step.get("knobs") or {}
+    return f"{step['op'][:4]} {' '.join(a for a in step['args'] if a)} {shape} t{knobs.get('threads', '?')}"
+
+
+def profile(plan, xs, reps: int = 200) -> list[tuple[str, float, float, int]]:
+    """Each step of a loaded plan timed alone (median over ``reps`` calls, after one full run on ``xs`` fills the
+    arenas) and inside whole calls (median over ``reps // 4`` calls of the plan, each step timed where it runs:
+    its weights then come from wherever the rest of the forward left them), summed per kind:
+    ``[(kind, alone s, in-chain s, steps)]`` per forward, largest in-chain first."""
+    inner = plan.plan
+    parts = [p for p, _, _ in inner.parts] if hasattr(inner, "parts") else [inner]
+    plan(*xs)
+    rows = []  # (kind, alone, [in-chain times])
+    for part in parts:
+        bound = [s for s in part.program if s["cls"] in part.views and s["op"] != "T.input"
+                 and not (s["op"] == "lib1" and s["args"][0] == "reshape" and s["inputs"][0] not in part.constants)]
+        assert len(bound) == len(part.steps), (len(bound), len(part.steps))
+        for i, (s, f) in enumerate(zip(bound, part.steps)):
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                f()
+                ts.append(time.perf_counter() - t0)
+            chained: list[float] = []
+            rows.append((_label(s), statistics.median(ts), chained))
+
+            def timed(f=f, out=chained):
+                t0 = time.perf_counter()
+                f()
+                out.append(time.perf_counter() - t0)
+            part.steps[i] = timed
+    for _ in range(max(reps // 4, 5)):
+        plan.plan(*xs)
+    per: dict[str, list] = {}
+    for k, alone, chained in rows:
+        e = per.setdefault(k, [0.0, 0.0, 0])
+        e[0] += alone
+        e[1] += statistics.median(chained)
+        e[2] += 1
+    return sorted(((k, a, c, n) for k, (a, c, n) in per.items()), key=lambda r: -r[2])
+
+
 def fmt(s: float) -> str:
     return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} us"
 
@@ -263,7 +310,26 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("planforge-out/bench-transformers"))
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--reuse", action="store_true", help="time the plan an earlier run wrote under --out (no tuning)")
+    ap.add_argument("--profile", action="store_true",
+                    help="time each step of the plan an earlier run wrote under --out, alone, summed per kind")
     a = ap.parse_args()
+    if a.profile:
+        import planforge
+        from planforge.ir import from_torch
+
+        for name in a.models.split(","):
+            model, args = build(name)
+            graph = from_torch(First(model).module, args)
+            plan = planforge.load(a.out / name / "spec.json", graph=graph)
+            xs = [x.numpy() for x in args]
+            whole = time_all({"plan": lambda: plan(*xs)}, 3, 0.3)["plan"]
+            rows = profile(plan, xs)
+            alone, chained = sum(r[1] for r in rows), sum(r[2] for r in rows)
+            print(f"\n{name}: whole call {fmt(whole)}; steps alone sum to {fmt(alone)}, in the chain to "
+                  f"{fmt(chained)} (load {os.getloadavg()[0]:.1f})\n       alone    in chain  share  steps  kind")
+            for k, a1, c1, n in rows:
+                print(f"  {fmt(a1):>10}  {fmt(c1):>10}  {100 * c1 / chained:5.1f}%  x{n:<4} {k}")
+        return
     rows = []
     for name in a.models.split(","):
         r = bench(name, a.budget, a.rounds, a.per_round, a.threads, a.out, a.reuse)
