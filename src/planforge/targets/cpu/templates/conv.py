@@ -158,6 +158,18 @@ def _defs(p, knobs) -> str:
 
 
 _COPY = r"""
+/* d[j * ds + i] = s[i * ss + j] for i < rows, j < cols, in 8 x 8 blocks (both sides' lines stay in L1 while a
+   block is moved): the layout changes of an NCHW problem (element by element over whole rows before, which cost
+   more than the convolution itself on MobileNet's first 1x1 and depthwise layers) */
+static void tr(const float *restrict s, float *restrict d, int rows, int cols, long ss, long ds) {
+    for (int i0 = 0; i0 < rows; i0 += 8)
+        for (int j0 = 0; j0 < cols; j0 += 8) {
+            int i1 = i0 + 8 < rows ? i0 + 8 : rows, j1 = j0 + 8 < cols ? j0 + 8 : cols;
+            for (int j = j0; j < j1; j++)
+                for (int i = i0; i < i1; i++) d[(long)j * ds + i] = s[(long)i * ss + j];
+        }
+}
+
 /* the input into the zero-bordered NHWC scratch (channels padded to CP): padding and layout in one pass */
 static void copy_in(const float *x, float *xp, int threads) {
 #ifdef _OPENMP
@@ -167,8 +179,7 @@ static void copy_in(const float *x, float *xp, int threads) {
         for (int h = 0; h < H; h++) {
             float *dst = xp + (((long)n * HP + h + PT) * WP + PL) * CP;
             if (NCHW) {
-                for (int w = 0; w < W; w++)
-                    for (int c = 0; c < C; c++) dst[(long)w * CP + c] = x[(((long)n * C + c) * H + h) * W + w];
+                tr(x + (long)n * C * H * W + (long)h * W, dst, C, W, (long)H * W, CP);
             } else if (CP == C) {
                 memcpy(dst, x + ((long)n * H + h) * W * C, (size_t)W * C * sizeof(float));
             } else {
@@ -183,9 +194,7 @@ static void to_nhwc(const float *src, float *dst, int ch, int hw, int threads) {
 #ifdef _OPENMP
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
 #endif
-    for (int n = 0; n < N; n++)
-        for (int c = 0; c < ch; c++)
-            for (int i = 0; i < hw; i++) dst[((long)n * hw + i) * ch + c] = src[((long)n * ch + c) * hw + i];
+    for (int n = 0; n < N; n++) tr(src + (long)n * ch * hw, dst + (long)n * hw * ch, ch, hw, hw, ch);
     (void)threads;
 }
 
@@ -193,9 +202,7 @@ static void to_nchw(const float *src, float *dst, int ch, int hw, int threads) {
 #ifdef _OPENMP
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
 #endif
-    for (int n = 0; n < N; n++)
-        for (int c = 0; c < ch; c++)
-            for (int i = 0; i < hw; i++) dst[((long)n * ch + c) * hw + i] = src[((long)n * hw + i) * ch + c];
+    for (int n = 0; n < N; n++) tr(src + (long)n * hw * ch, dst + (long)n * ch * hw, hw, ch, ch, hw);
     (void)threads;
 }
 """
