@@ -240,3 +240,61 @@ def test_a_quantised_fused_plan_exports_to_c_with_its_formats(tmp_path, act):
     assert p.returncode == 0, p.stderr
     got = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.float32).reshape(want.shape)
     assert np.allclose(got, want, rtol=1e-5, atol=1e-6)  # the C library computes what the Python plan does
+
+
+def test_validation_draws_start_from_the_users_inputs_and_follow_their_statistics():
+    from planforge.workloads.models import VALIDATION_DRAWS, example_arrays, validation_draws
+
+    g = _small_model()
+    (name, shape), = g.inputs.items()
+    mine = (np.abs(np.random.default_rng(5).standard_normal(shape)) * 3 + 10).astype(np.float32)  # far from N(0, 1)
+    draws = validation_draws(g, 0, [[mine]])
+    assert len(draws) == VALIDATION_DRAWS and draws[0][0] is not None and np.array_equal(draws[0][0], mine)
+    for d in draws[1:]:
+        assert d[0].shape == mine.shape and d[0].dtype == np.float32 and not np.array_equal(d[0], mine)
+        assert abs(float(d[0].mean()) - float(mine.mean())) < 1.5  # like the user's, not standard normal
+    assert validation_draws(g, 0, [[mine]])[1][0].tobytes() == draws[1][0].tobytes()  # seeded
+    gen = validation_draws(g, 0)
+    assert len(gen) == VALIDATION_DRAWS and abs(float(gen[0][0].mean())) < 1.5  # none given: the graph's own
+    ids = np.array([[3, 3, 7, 9]], np.int64)
+    like = validation_draws(SimpleNamespace(example_inputs=None), 0, [[ids]])[1][0]
+    assert like.dtype == np.int64 and set(like.ravel().tolist()) <= {3, 7, 9}  # integers resampled from theirs
+    assert example_arrays(g, [mine]) is not None and example_arrays(g, [mine[:, :2]]) is None
+    assert example_arrays(g, [mine, mine]) is None and example_arrays(g, [3]) is None
+
+
+def test_a_model_part_is_judged_on_what_flows_into_it_on_the_users_inputs():
+    # a model cut into parts: the second part's inputs are the first part's outputs on the validation draws
+    from planforge.ir.zoo import transformer
+
+    g = transformer(layers=2, seq=6, width=16, heads=2)
+    (name, shape), = g.inputs.items()
+    mine = np.random.default_rng(3).uniform(0, 4, shape).astype(np.float32)
+    w = graph_workload(g, "m", accuracy="max_rel_err:0.08", whole_below=0, example_inputs=[[mine]])
+    assert w.partition is not None and len(w.tasks) > 1 and np.array_equal(w.validation[0][0], mine)
+    later = w.tasks[-1]
+    check = next(v for v in later.validators if isinstance(v, PlanAccuracy))
+    assert "flowing into it" in check.judged_on and "example inputs" in check.judged_on
+    rep = w.partition.parts[w.partition.keys[later.info["structure"]][0]]
+    from planforge.ir.graph import values_of
+
+    want = values_of(g, [mine], rep.inputs)[0].astype(np.float32)
+    assert np.allclose(check.draws[0][0], want) and not np.allclose(check.draws[0][0], mine)
+    c = _quantised_candidate(later)
+    assert 0 <= check.error(c) < 0.08
+    assert check.record(c)["inputs"] == check.judged_on
+
+
+def test_a_torch_modules_quantised_plan_is_judged_on_its_example_inputs(tmp_path):
+    torch = pytest.importorskip("torch")
+    import planforge
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(48, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    x = torch.rand(1, 48) * 5 + 2  # the user's inputs: nothing like a standard normal
+    r = planforge.tune(m, x, budget=3, out=tmp_path / "t", options={"accuracy": "max_rel_err:0.05"})
+    q = load_spec(r.spec_path)["tasks"]["graph"]["quant"]
+    assert q["inputs"].startswith("the model's example inputs (1) and 3 draws like them")
+    check = next(v for v in r.tasks[0].task.validators if isinstance(v, PlanAccuracy))
+    assert np.array_equal(check.draws[0][0], x.numpy())
+    assert abs(float(check.draws[1][0].mean()) - float(x.mean())) < 1.0

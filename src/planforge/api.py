@@ -206,7 +206,7 @@ def _workload(workload_or_module, example_inputs, name: str | None, options: dic
         except ImportError as e:
             raise ValueError(f"tuning a torch module needs planforge's torch importer, which this install lacks "
                              f"({e})") from None
-        from .workloads.models import graph_workload
+        from .workloads.models import example_arrays, graph_workload
 
         args = _as_tuple(example_inputs)
         if not args and type(workload_or_module).__name__ != "ExportedProgram":
@@ -214,7 +214,10 @@ def _workload(workload_or_module, example_inputs, name: str | None, options: dic
                              "become the plan's shapes)")
         opts = dict(options or {})
         graph = from_torch(workload_or_module, args, name=name, strict=bool(opts.get("strict", False)))
+        given = example_arrays(graph, args) if opts.get("accuracy") else None
+        # with an accuracy budget, quantised plans are judged on the user's own inputs (and draws like them)
         return graph_workload(graph, name or graph.name, target=target if target is not None else "cpu",
+                              example_inputs=[given] if given is not None else (),
                               **{k: opts[k] for k in ("memory_budget_mb", "seed", "accuracy") if k in opts})
     raise TypeError(f"planforge.tune takes a workload name, a model file, a Workload or a torch.nn.Module, "
                     f"got {type(workload_or_module).__name__}")
@@ -243,6 +246,8 @@ def tune(workload_or_module, example_inputs=None, target: str | Target | None = 
         out: output folder for spec.json, run.json and report.html (default ``planforge-out/NAME``).
         options: workload options, as ``--option key=value`` gives them; for a torch module ``strict`` (default
             False) refuses ops with no rule, listing them all, instead of running them as library fallback steps.
+            ``accuracy`` (``"max_rel_err:0.01"``...) allows quantised weights within that budget; for a torch
+            module a quantised plan is then judged on ``example_inputs`` and draws like them.
         executor: where measurements run, as ``--executor`` gives it: ``{"kind": "local", "workers": 4}`` or
             ``{"kind": "ray", "address": "auto"}`` (default None: one local worker). Slots of several device
             fingerprints tune each on its own and write a spec each (``.specs``).

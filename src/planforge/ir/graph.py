@@ -173,6 +173,12 @@ def apply_op(op: str, args: Sequence[np.ndarray], attrs: dict[str, Any]) -> np.n
 
 
 def interpret(g: Graph, args: Sequence[np.ndarray], dtype=np.float64) -> list[np.ndarray]:
+    return values_of(g, args, g.outputs, dtype)
+
+
+def values_of(g: Graph, args: Sequence[np.ndarray], names: Sequence[str], dtype=np.float64) -> list[np.ndarray]:
+    """The values ``names`` (inputs, parameters or any node's output) of ``g`` run on ``args`` with numpy in
+    ``dtype``: what flows into a part of a partitioned graph, for instance."""
     shapes = validate(g)
     if len(args) != len(g.inputs):
         raise GraphError(f"graph {g.name!r} takes {len(g.inputs)} inputs ({', '.join(g.inputs)}), got {len(args)}")
@@ -187,7 +193,10 @@ def interpret(g: Graph, args: Sequence[np.ndarray], dtype=np.float64) -> list[np
     for node in g.nodes:
         env[node.output] = apply_op(node.op, [env[i] for i in node.inputs], node.attrs)
     assert all(tuple(env[o].shape) == shapes[o] for o in g.outputs)
-    return [env[o] for o in g.outputs]
+    missing = [n for n in names if n not in env]
+    if missing:
+        raise GraphError(f"graph {g.name!r} has no value {', '.join(map(repr, missing))}")
+    return [env[n] for n in names]
 
 
 class GraphBuilder:

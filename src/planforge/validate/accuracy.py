@@ -110,7 +110,9 @@ class PlanAccuracy:
         budget: the task's budget; the default (none stated) rejects any plan with a quantised step unrun.
         formats: ``f(candidate) -> {e-class: format}``: the plan's quantised steps (``program_formats``).
         output: ``f(candidate) -> (outs, refs)``: the plan built here and run on validation inputs (another
-            seed than the search's), and the fp64 reference of the unquantised graph on them.
+            seed than the search's, or the user's example inputs), and the fp64 reference of the unquantised
+            graph on them.
+        judged_on: what those inputs are, in words (recorded in the spec as ``inputs``).
     A plan with no quantised step passes (the measurement checked it at fp32 tolerance); the error is judged on
     the graph's outputs, the worst counting, so a chain of quantised layers is held to one budget for the whole
     of it, not per layer."""
@@ -118,6 +120,8 @@ class PlanAccuracy:
     budget: Accuracy
     formats: Callable[[Candidate], dict[str, str]]
     output: Callable[[Candidate], tuple[list[np.ndarray], list[np.ndarray]]]
+    judged_on: str = ""  # what the validation inputs are, for the spec
+    draws: list = field(default_factory=list)  # the validation inputs themselves (for inspection)
     measured: dict[str, float] = field(default_factory=dict)
 
     def error(self, c: Candidate) -> float:
@@ -133,7 +137,8 @@ class PlanAccuracy:
         """What the spec records of the chosen plan: each quantised step's format, the whole output's measured
         error on the validation inputs, and the budget."""
         return {"formats": self.formats(c), "error": {"metric": self.budget.metric, "value": self.error(c)},
-                "budget": self.budget.to_json(), "judged_on": "the task's outputs"}
+                "budget": self.budget.to_json(), "judged_on": "the task's outputs",
+                **({"inputs": self.judged_on} if self.judged_on else {})}
 
 
 __all__ = ["ACT_KNOB", "PlanAccuracy", "AccuracyBudget", "BLOCK_KNOB", "FORMAT_KNOB", "format_of", "plan_verdict", "program_formats", "step_format"]

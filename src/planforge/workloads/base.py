@@ -77,6 +77,7 @@ class Workload:
     partition: Any = None
     phases: dict[str, float] = field(default_factory=dict)
     target: Any = None  # the Target its graph tasks were planned for (a graph workload's; else None)
+    validation: Any = None  # with an accuracy budget, the model inputs quantised plans are judged on
 
     @property
     def name(self) -> str:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 from ..ir import ZOO, Graph
+from ..ir.graph import values_of
 from ..ops.fallback import steps as fallback_steps
 from ..peers import peers_option
 from ..rewrite import Limits, saturate
@@ -130,15 +133,51 @@ def _quant_strata(target: Target, accuracy, seed: int = 0):
 VALIDATION_DRAWS = 4  # input draws a quantised plan's error is judged on in the walk: the worst counts
 
 
-def _accuracy_check(graph: Graph, target: Target, genome, accuracy, seed: int):
+def validation_draws(graph: Graph, seed: int, given: Sequence[Sequence[np.ndarray]] = ()) -> list[list[np.ndarray]]:
+    """The model inputs a quantised plan's error is judged on, ``VALIDATION_DRAWS`` of them (a quantised plan's
+    error moves with the input: one draw within the budget says little of the next). The user's example inputs
+    first when ``given`` (a list of input lists), then draws like them: each float tensor from a normal of its
+    mean and standard deviation, each integer or boolean one its values resampled. Without them, the graph's
+    own random inputs, of other seeds than the search checks plans on."""
+    given = [[np.asarray(a) for a in xs] for xs in given]
+    if not given:
+        return [graph.example_inputs(seed + 1 + i) for i in range(VALIDATION_DRAWS)]
+    rng = np.random.default_rng(seed + 1)
+    out = [list(xs) for xs in given]
+    while len(out) < max(VALIDATION_DRAWS, len(given)):
+        base = given[len(out) % len(given)]
+        out.append([(rng.normal(float(a.mean()), float(a.std()) or 1.0, a.shape).astype(a.dtype)
+                     if np.issubdtype(a.dtype, np.floating) else rng.choice(a.ravel(), a.shape)) for a in base])
+    return out
+
+
+def example_arrays(graph: Graph, example_inputs: Sequence[Any]) -> list[np.ndarray] | None:
+    """A torch module's example inputs (tensors, or arrays) as the graph's inputs, in its order; None when they
+    are not one tensor per graph input of its shape (a module with non-tensor arguments, say)."""
+    arrays = []
+    for a in example_inputs:
+        if hasattr(a, "detach"):
+            a = a.detach().cpu().numpy()
+        if not isinstance(a, np.ndarray):
+            return None
+        arrays.append(a)
+    if len(arrays) != len(graph.inputs) or any(tuple(a.shape) != tuple(s)
+                                               for a, s in zip(arrays, graph.inputs.values())):
+        return None
+    return arrays
+
+
+def _accuracy_check(graph: Graph, target: Target, genome, accuracy, seed: int, draws=None, judged_on: str = ""):
     """The finalist walk's judge of a plan's quantised steps (``validate.PlanAccuracy``): the worst error over
-    ``VALIDATION_DRAWS`` input draws of other seeds than the search checks plans on (a quantised plan's error
-    moves with the input: one draw within the budget says little of the next)."""
+    ``draws`` (inputs of ``graph``: ``validation_draws``, or for a part of a model what flows into it on those).
+    """
     from ..quant import Accuracy
     from ..validate import PlanAccuracy
     from ..validate.accuracy import program_formats
 
-    draws = [graph.example_inputs(seed + 1 + i) for i in range(VALIDATION_DRAWS)]
+    if draws is None:
+        draws = validation_draws(graph, seed)
+        judged_on = f"{len(draws)} generated input draws"
 
     def output(c):
         plan = target.plan(graph, genome.program(c.as_dict()))
@@ -148,17 +187,19 @@ def _accuracy_check(graph: Graph, target: Target, genome, accuracy, seed: int):
             refs += graph.evaluate(*xs)
         return outs, refs
 
-    return PlanAccuracy(accuracy or Accuracy(), lambda c: program_formats(genome.program(c.as_dict())), output)
+    return PlanAccuracy(accuracy or Accuracy(), lambda c: program_formats(genome.program(c.as_dict())), output,
+                        judged_on=judged_on, draws=draws)
 
 
 def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 0, node_limit: int = 20_000,
-               weight: int = 1, accuracy=None) -> Task:
+               weight: int = 1, accuracy=None, validation: tuple[list, str] | None = None) -> Task:
     """The task of one graph (a whole model, or one part of a partitioned one): its e-graph saturated within
     ``node_limit`` e-nodes, memory-pruned to ``budget`` bytes, extracted greedily and by ILP (the two seeds of
     the search), and the genome over it (implementation choices and template knobs) as its space.
     ``accuracy``: the task's accuracy budget (``planforge.quant.Accuracy``; None: none stated, fp32 weights
     only); one that allows quantisation makes each linear template's weight format a gene, and the plan's
-    outputs are judged by it."""
+    outputs are judged by it, in the finalist walk on ``validation`` (``(draws, what they are)``: the graph's
+    inputs; default: ``validation_draws`` of its own)."""
     device = target.ceilings()  # (measures the device on first use: before the clock starts)
     if device is None:
         raise TargetError(f"target {target.name!r} has no device ceilings: it cannot plan a whole model")
@@ -220,7 +261,7 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     # a target written before the budget existed takes no accuracy argument: pass one only when there is a budget
     backend = (target.graph_backend(graph, genome, seed=seed, accuracy=accuracy.to_json()) if quant else
                target.graph_backend(graph, genome, seed=seed))
-    check = _accuracy_check(graph, target, genome, accuracy, seed) if quant else None
+    check = _accuracy_check(graph, target, genome, accuracy, seed, *(validation or ())) if quant else None
     task = Task(key=key, space=genome.space, backend=backend, weight=weight,
                 validators=(MemoryBudget(budget, peak), *((check,) if check else ())), peak_bytes=peak,
                 record=(lambda c: {**check.record(c), "screen": strata.screens}) if check else None)
@@ -234,7 +275,7 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
 def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = None, memory_budget_mb: float = 1024,
                    seed: int = 0, node_limit: int = 20_000, target: str | Target = "cpu",
                    whole_below: int = WHOLE_BELOW, objective: "str | dict | None" = None,
-                   accuracy: str = "") -> Workload:
+                   accuracy: str = "", example_inputs: Sequence[Sequence[np.ndarray]] = ()) -> Workload:
     """A whole-model workload: ``graph`` cut into parts (``rewrite.partition``), one task per distinct part
     (its weight: how many parts share its structure), each with its own e-graph and genome.
 
@@ -255,6 +296,9 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
             default "": none stated, fp32 weights only). Stated, each linear template's weight format (fp32,
             bf16, int8, int4; per layer in a fused MLP) is a gene beside its tiles, a plan's outputs are judged
             by the budget instead of the fp32 tolerance, and the whole model's output too (``endtoend``).
+        example_inputs: the user's own inputs of the model (a list of input lists; default none): with a budget,
+            the finalist walk judges a quantised plan on them and on draws like them (``validation_draws``),
+            and a part of a partitioned model on what flows into it on those, instead of on random inputs.
     A graph that stays whole is one task named ``graph``; the parts' tasks are named ``partK`` after the
     first part of their structure. ``Workload.partition`` holds the parts and why it was cut where it was.
     """
@@ -275,14 +319,22 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     # of it (``Accuracy.split``), and the chained plan is judged by the whole budget (``endtoend``)
     share = budgets.default.split(len(part.parts))
     acc = (lambda key: budgets.tasks.get(key, share)) if budgets.stated else (lambda key: None)
+    draws = validation_draws(graph, seed, example_inputs) if budgets.stated else None
+    about = (f"the model's example inputs ({len(example_inputs)}) and {len(draws) - len(example_inputs)} draws "
+             f"like them" if example_inputs else f"{len(draws)} generated input draws") if draws else ""
     if len(part.parts) == 1:
-        tasks = [graph_task(graph, "graph", target, budget, seed, node_limit, accuracy=acc("graph"))]
+        tasks = [graph_task(graph, "graph", target, budget, seed, node_limit, accuracy=acc("graph"),
+                            validation=(draws, about) if draws else None)]
     else:
         tasks = []
         for key, idx in part.keys.items():
             rep = part.parts[idx[0]]
+            # a part is judged on what flows into it when the model runs on the validation draws
+            flows = [[v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v
+                      for v in values_of(graph, d, rep.inputs)] for d in draws] if draws else None
             t = graph_task(rep.graph, f"part{rep.index}", target, budget, seed, node_limit, weight=len(idx),
-                           accuracy=acc(f"part{rep.index}"))
+                           accuracy=acc(f"part{rep.index}"),
+                           validation=(flows, f"the values flowing into it on {about}") if flows else None)
             t.info.update({"structure": key, "instances": list(idx), "ops": len(rep.graph.nodes)})
             tasks.append(t)
     phases = {"partition_s": t_part, "saturation_s": sum(t.info["saturation_s"] for t in tasks),
@@ -306,7 +358,7 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
         desc += (f"; {len(fallbacks)} op(s) with no rule run as library fallback steps: "
                  f"{', '.join(sorted({op for op, _ in fallbacks}))}")
     return Workload(manifest, tasks, description=desc, graph=graph, partition=part if len(part.parts) > 1 else None,
-                    phases=phases, target=target)
+                    phases=phases, target=target, validation=draws)
 
 
 def zoo_workload(name: str, memory_budget_mb: float = 1024, seed: int = 0, target: str | Target = "cpu",
