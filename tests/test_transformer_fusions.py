@@ -175,3 +175,49 @@ def test_gemm_template_takes_batched_activations_as_rows():
     assert gemm_problem([(1, 1, 8), (8, 4)], (1, 1, 4), "none") == Problem("gemv", (4, 8), "none")
     assert gemm_problem([(2, 3, 8), (2, 8, 4)], (2, 3, 4), "none") is None  # a batched right operand: no GEMM
     assert ("tmpl3", "linear") in seed_steps(qkv_graph(widths=(24,)), "one")
+
+
+def _gelu_new_module(one: float = 1.0, cube: float = 3.0):
+    """GPT-2's ``gelu_new`` as transformers writes it (``NewGELUActivation``) after a linear layer."""
+    import math
+
+    torch = pytest.importorskip("torch")
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 24)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return 0.5 * h * (one + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, cube))))
+
+    torch.manual_seed(0)
+    return M().eval(), (torch.randn(1, 5, 16),)
+
+
+def test_written_out_tanh_gelu_imports_as_one_gelu_and_fuses_into_the_gemm():
+    from planforge.ir import from_torch
+
+    m, args = _gelu_new_module()
+    g = from_torch(m, args)
+    ops = [n.op for n in g.nodes]
+    assert "gelu" in ops and not {"tanh", "pow", "scale"} & set(ops), ops
+    x = args[0].numpy()
+    want = m.double()(args[0].double()).detach().numpy()
+    assert np.abs(g.evaluate(x)[0] - want).max() <= 1e-12 * np.abs(want).max()
+    eg = saturate(g, RULES)
+    assert any(n.op.startswith("tmpl") and n.args[:2] == ("linear", "gelu:tanh") for ns in eg.classes.values()
+               for n in ns), "the gelu is no GEMM epilogue"
+
+
+@pytest.mark.parametrize("one, cube", [(2.0, 3.0), (1.0, 2.0)])
+def test_a_near_gelu_stays_written_out(one, cube):
+    from planforge.ir import from_torch
+
+    m, args = _gelu_new_module(one, cube)
+    g = from_torch(m, args)
+    assert "gelu" not in [n.op for n in g.nodes]
+    want = m.double()(args[0].double()).detach().numpy()
+    # the written-out form's constants are fp32 parameters: 0.044715 is 0.0447149984
+    assert np.abs(g.evaluate(args[0].numpy())[0] - want).max() <= 1e-7 * np.abs(want).max()

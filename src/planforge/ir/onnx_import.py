@@ -21,6 +21,7 @@ from .fallback import onnx_node
 from .frontend import (Const, Emitter, ModelError, Unavailable, UnsupportedOp, UnsupportedOps, as_shape, need_module,
                        op_table)
 from ..ops import ONNX
+from ..ops.gelu import fold_written_out
 from .graph import Graph, ModelSource
 
 _INPUT_DTYPES = {1: "fp32", 7: "int64", 6: "int32", 9: "bool"}   # TensorProto FLOAT, INT64, INT32, BOOL
@@ -219,6 +220,7 @@ class _Importer:
             for o in node.output[len(outs):]:
                 if o:
                     self.env[o] = Unavailable(f"output {o!r}")
+        fold_written_out(em.g)  # GPT-2's gelu_new, one gelu node (its dead parts dropped by finish)
         return em.finish([self.env[o.name] for o in g.output]), list(em.fallbacks)
 
     def _input_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -24,6 +24,7 @@ import numpy as np
 from .frontend import (Const, Emitter, ModelError, Unavailable, UnsupportedOp, UnsupportedOps, _first_lines,
                        need_module, op_table)
 from ..ops import TORCH
+from ..ops.gelu import fold_written_out
 from .fallback import torch_node
 from .graph import Graph, GraphError, ModelSource
 
@@ -290,6 +291,7 @@ class _Importer:
                         raise ModelError(f"the module returns a non-tensor value {o!r}; only tensor outputs are "
                                          f"supported")
                     vals.append(self.env[o.name])
+                fold_written_out(em.g)  # GPT-2's gelu_new, one gelu node (its dead parts dropped by finish)
                 return em.finish(vals), list(em.fallbacks)
             else:
                 raise UnsupportedOp(node.op, _where(node), "graph node kind not supported")

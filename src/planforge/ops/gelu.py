@@ -2,6 +2,7 @@
 exact ``0.5 x (1 + erf(x / sqrt 2))`` (``approximate="none"``); the compiled epilogue computes the tanh form."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -57,6 +58,52 @@ def _step(ins, out, attrs):
         np.multiply(out, 0.5, out=out)
 
     return run
+
+
+def _close(v, want: float) -> bool:
+    return v is not None and abs(float(v) - want) <= 1e-6 * abs(want)
+
+
+def fold_written_out(graph) -> int:
+    """Turn GELU written out in its tanh form (GPT-2's ``gelu_new``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
+    x^3)))``, imported as scale, pow, scale, add, scale, tanh, bias, multiply) into one ``gelu`` node, in place;
+    returns how many. An importer's pass, not an e-graph rule: the ``1`` is a parameter, whose value the e-graph
+    cannot read. The nodes the pattern leaves unused are the importer's to drop."""
+    by_out = {n.output: n for n in graph.nodes}
+
+    def node(name, op):
+        n = by_out.get(name)
+        return n if n is not None and n.op == op else None
+
+    def scaled(name, factor):
+        n = node(name, "scale")
+        return n.inputs[0] if n is not None and _close(n.attrs.get("factor"), factor) else None
+
+    def inner(name):  # the x of 1 + tanh(C0 (x + C1 x^3)), or None
+        b = node(name, "bias")
+        if b is None or b.inputs[1] not in graph.params or not np.allclose(graph.params[b.inputs[1]], 1.0, 0, 1e-7):
+            return None
+        t = node(b.inputs[0], "tanh")
+        a = node(scaled(t.inputs[0], C0), "add") if t is not None else None
+        if a is None:
+            return None
+        for x, q in (a.inputs, a.inputs[::-1]):
+            p = node(scaled(q, C1), "pow")
+            if p is not None and p.inputs[0] == x and _close(p.attrs.get("exponent"), 3.0):
+                return x
+        return None
+
+    count = 0
+    for i, n in enumerate(graph.nodes):
+        if n.op != "multiply":
+            continue
+        for h, rest in (n.inputs, n.inputs[::-1]):
+            x = scaled(h, 0.5)
+            if x is not None and inner(rest) == x:
+                graph.nodes[i] = dataclasses.replace(n, op="gelu", inputs=(x,), attrs={"approximate": "tanh"})
+                count += 1
+                break
+    return count
 
 
 def _approx(em, approx):
