@@ -298,3 +298,52 @@ def test_a_torch_modules_quantised_plan_is_judged_on_its_example_inputs(tmp_path
     check = next(v for v in r.tasks[0].task.validators if isinstance(v, PlanAccuracy))
     assert np.array_equal(check.draws[0][0], x.numpy())
     assert abs(float(check.draws[1][0].mean()) - float(x.mean())) < 1.0
+
+
+def test_a_model_files_real_inputs_are_loaded_checked_and_recorded(tmp_path):
+    from planforge.workloads import load_workload
+    from planforge.workloads.models import load_inputs
+
+    g = _small_model()
+    (name, shape), = g.inputs.items()
+    two = np.random.default_rng(0).uniform(1, 3, (2, *shape))
+    np.savez(tmp_path / "two.npz", **{name: two})
+    got, digest = load_inputs(str(tmp_path / "two.npz"), g)
+    assert len(got) == 2 and got[1][0].dtype == np.float32 and np.allclose(got[1][0], two[1]) and len(digest) == 64
+    np.save(tmp_path / "one.npy", two[0])
+    assert np.allclose(load_inputs(str(tmp_path / "one.npy"), g)[0][0][0], two[0])
+    np.savez(tmp_path / "pos.npz", two[0])  # arr_0
+    assert len(load_inputs(str(tmp_path / "pos.npz"), g)[0]) == 1
+    bad = [("wrong.npz", {"other": two[0]}, "holds other; the model's inputs are obs"),
+           ("shape.npz", {name: two[0, :, :5]}, "has shape (1, 5)")]
+    for fname, arrays, msg in bad:
+        np.savez(tmp_path / fname, **arrays)
+        with pytest.raises(WorkloadError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+            load_inputs(str(tmp_path / fname), g)
+    (tmp_path / "junk.npz").write_bytes(b"not numpy")
+    with pytest.raises(WorkloadError, match="not a .npy or .npz numpy file"):
+        load_inputs(str(tmp_path / "junk.npz"), g)
+    with pytest.raises(WorkloadError, match="No such file"):
+        load_inputs(str(tmp_path / "none.npz"), g)
+    # through a model file: the manifest records the file and its hash, the walk judges on its samples first
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    w1, w2 = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 8)).astype(np.float32)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["obs", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["a"]),
+         helper.make_node("MatMul", ["a", "w2"], ["y"])], "m",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [shape[0], 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    w = load_workload(str(tmp_path / "m.onnx"), {"accuracy": "max_rel_err:0.05", "inputs": str(tmp_path / "two.npz")})
+    assert w.manifest.options["inputs"] == {"file": str(tmp_path / "two.npz"), "sha256": digest}
+    assert len(w.validation) == 4 and np.allclose(w.validation[1][0], two[1])
+    check = next(v for v in w.tasks[0].validators if isinstance(v, PlanAccuracy))
+    assert check.judged_on.startswith("the model's example inputs (2) and 2 draws like them")
+    with pytest.raises(WorkloadError, match="has shape"):
+        load_workload(str(tmp_path / "m.onnx"), {"accuracy": "max_rel_err:0.05", "inputs": str(tmp_path / "shape.npz")})

@@ -63,8 +63,8 @@ def load_workload(name: str, options: dict[str, Any] | None = None, target: str 
     if name not in WORKLOADS and name.lower().endswith(MODEL_SUFFIXES):
         def build(memory_budget_mb: float = 1024.0, seed: int = 0, input_shapes: str = "",
                   target: str | Target = "cpu", strict: bool = False, peers: str = "auto",
-                  accuracy: str = "") -> Workload:
-            return file_workload(name, memory_budget_mb, seed, input_shapes, target, strict, peers, accuracy)
+                  accuracy: str = "", inputs: str = "") -> Workload:
+            return file_workload(name, memory_budget_mb, seed, input_shapes, target, strict, peers, accuracy, inputs)
     elif name not in WORKLOADS:
         raise WorkloadError(f"unknown workload {name!r}; built-in workloads: {', '.join(sorted(WORKLOADS))}, "
                             f"or a model file ({', '.join(MODEL_SUFFIXES)})")

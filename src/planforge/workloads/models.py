@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..ir import ZOO, Graph
-from ..ir.graph import values_of
+from ..ir.graph import INPUT_DTYPES, values_of
 from ..ops.fallback import steps as fallback_steps
 from ..peers import peers_option
 from ..rewrite import Limits, saturate
@@ -387,17 +387,73 @@ def parse_shapes(text: str) -> dict[str, tuple[int, ...]] | None:
 
 def file_workload(path: str, memory_budget_mb: float = 1024, seed: int = 0, input_shapes: str = "",
                   target: str | Target = "cpu", strict: bool = False, peers: str = "auto",
-                  accuracy: str = "") -> Workload:
+                  accuracy: str = "", inputs: str = "") -> Workload:
     """A model file (.onnx, .pt2); ``input_shapes`` fixes dynamic sizes, e.g. ``x=1x256``; ``strict`` refuses a
     model with ops that have no rule (listing them all) instead of running them as library fallback steps;
     ``peers``: the runtimes the whole plan is timed against (``planforge.peers``: auto, compile, none);
-    ``accuracy``: the accuracy budget (``graph_workload``)."""
+    ``accuracy``: the accuracy budget (``graph_workload``); ``inputs``: a .npz (or, for a one-input model,
+    .npy) of real inputs that quantised plans are judged on (``load_inputs``; recorded with its hash)."""
     from ..ir import load_model
 
     peers_option({"peers": peers})
     shapes = parse_shapes(input_shapes)
     g = load_model(path, input_shapes=shapes, strict=strict)
+    given, digest = load_inputs(inputs, g) if inputs else ([], "")
     opts = {"file": os.path.abspath(path), **({"input_shapes": input_shapes} if shapes else {}),
-            **({"peers": peers} if peers != "auto" else {})}
+            **({"peers": peers} if peers != "auto" else {}),
+            **({"inputs": {"file": os.path.abspath(inputs), "sha256": digest}} if inputs else {})}
     return graph_workload(g, os.path.abspath(path), opts, memory_budget_mb=memory_budget_mb, seed=seed, target=target,
-                          accuracy=accuracy)
+                          accuracy=accuracy, example_inputs=given)
+
+
+def load_inputs(path: str, graph: Graph) -> tuple[list[list[np.ndarray]], str]:
+    """The model inputs in ``path`` as validation samples, and the file's sha256: a .npz with an array per graph
+    input (by its name, or ``arr_0``, ``arr_1``... in input order), each of the input's shape (one sample) or
+    with a leading axis of samples; a .npy for a one-input model. ``WorkloadError`` names what does not fit."""
+    import hashlib
+
+    try:
+        raw = open(path, "rb").read()
+    except OSError as e:
+        raise WorkloadError(f"option inputs={path!r}: {e.strerror or e}") from None
+    names = list(graph.inputs)
+    try:
+        import io
+
+        data = np.load(io.BytesIO(raw), allow_pickle=False)
+        if isinstance(data, np.ndarray):
+            if len(names) != 1:
+                raise WorkloadError(f"option inputs={path!r}: a .npy holds one array, the model takes "
+                                    f"{len(names)} inputs ({', '.join(names)}): save them in a .npz by name")
+            arrays = {names[0]: data}
+        else:
+            arrays = {k: data[k] for k in data.files}
+    except WorkloadError:
+        raise
+    except Exception as e:  # a truncated or foreign file: numpy raises several kinds
+        raise WorkloadError(f"option inputs={path!r}: not a .npy or .npz numpy file ({type(e).__name__}: {e})") \
+            from None
+    if all(n in arrays for n in names):
+        picked = [arrays[n] for n in names]
+    elif all(f"arr_{i}" in arrays for i in range(len(names))):
+        picked = [arrays[f"arr_{i}"] for i in range(len(names))]
+    else:
+        raise WorkloadError(f"option inputs={path!r}: holds {', '.join(sorted(arrays)) or 'nothing'}; the model's "
+                            f"inputs are {', '.join(names)}")
+    samples = None
+    for n, a in zip(names, picked):
+        want = tuple(graph.inputs[n])
+        s = 1 if tuple(a.shape) == want else a.shape[0] if tuple(a.shape[1:]) == want else None
+        if s is None or (samples is not None and s != samples):
+            raise WorkloadError(f"option inputs={path!r}: input {n!r} has shape {tuple(a.shape)}; the model takes "
+                                f"{want} (or a leading axis of samples, the same count for every input)")
+        samples = s
+    dtypes = [np.float32 if graph.input_dtype(n) == graph.dtype else INPUT_DTYPES[graph.input_dtype(n)] for n in names]
+    out = []
+    for i in range(samples or 0):
+        draw = []
+        for n, a, dt in zip(names, picked, dtypes):
+            v = a if tuple(a.shape) == tuple(graph.inputs[n]) else a[i]
+            draw.append(v.astype(dt))
+        out.append(draw)
+    return out, hashlib.sha256(raw).hexdigest()
