@@ -20,8 +20,11 @@ at sequence 32, batch 1. For each:
    fastest of ONNX Runtime, OpenVINO and torch.compile (the target is 0.8).
 
 Threads: torch, ONNX Runtime and OpenVINO get ``--threads`` (default: the
-machine's cores); numpy's BLAS (planforge's library steps) keeps its own
-setting (``OPENBLAS_NUM_THREADS`` if set). OpenMP's idle threads sleep
+machine's cores); numpy's BLAS (planforge's library steps) runs one thread
+unless ``OPENBLAS_NUM_THREADS`` says otherwise: its spinning threads on the
+shared machine once made a plan whose search had chosen numpy's linear for
+GPT-2-6's MLP (measured 0.8 ms a part while tuning) take 12 ms per such step
+in the timing. OpenMP's idle threads sleep
 (``OMP_WAIT_POLICY=PASSIVE``, planforge's default, unless the environment sets
 it): torch and planforge's kernels share one libgomp here, loaded by
 ``import torch`` before planforge could set it, so it is set before torch is
@@ -46,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads libgomp (see the docstring)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads OpenBLAS (see the docstring)
 
 # this file is named like the package it benchmarks: keep its own folder off the import path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
