@@ -81,6 +81,13 @@ DEFAULTS = {
     "bandit:screened": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2, "screen": "thompson"}),
     "bandit:screened-k4": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2, "screen": "thompson",
                                       "screen_k": 4}),
+    "bandit:screened-k16": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2, "screen": "thompson",
+                                       "screen_k": 16}),
+    # ... only while thompson's last 30 predictions order what was then measured with Kendall tau >= 0.3
+    "bandit:screened-tau": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2, "screen": "thompson",
+                                       "screen_tau": 0.3}),
+    "bandit:screened-k4-tau": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
+                                          "screen": "thompson", "screen_k": 4, "screen_tau": 0.3}),
     "thompson": ("thompson", {}),
     "thompson:wide": ("thompson", {"radius": 3, "global_every": 2}),
 }

@@ -216,7 +216,7 @@ def test_bandit_screen_wires_thompson_into_the_other_arms_and_rejects_a_model_le
     p = make_strategy("bandit", space, 1, arms="thompson+genetic+annealing+hillclimb", screen="thompson", screen_k=4)
     assert all(arm.screen == p.arms["thompson"].predict and arm.screen_k == 4
                for name, arm in p.arms.items() if name != "thompson")
-    assert p.arms["thompson"].screen is None and p.describe()["screen"] == "thompson"
+    assert p.arms["thompson"].screen is None and p.describe()["screen"]["arm"] == "thompson"
     assert p.arms["thompson"].predict(list(space.enumerate())[:3]) is None  # nothing measured: no say yet
     res = search(space, p, TableBackend(table), Budget(evals=40))
     fps = [t.candidate.fingerprint for t in res.trials]
