@@ -76,18 +76,8 @@ DEFAULTS = {
                                                                "c": 0.2}),
     "bandit:thompson+genetic+annealing": ("bandit", {"arms": "thompson+genetic+annealing", "c": 0.2}),
     "bandit:thompson+genetic": ("bandit", {"arms": "thompson+genetic", "c": 0.2}),
-    # issue 20, second round: thompson's posterior draw screens the other arms' proposals (the neighbour, child or
-    # restart it predicts fastest among screen_k of them)
-    "bandit:screened": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2, "screen": "thompson"}),
-    "bandit:screened-k4": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2, "screen": "thompson",
-                                      "screen_k": 4}),
-    "bandit:screened-k16": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2, "screen": "thompson",
-                                       "screen_k": 16}),
-    # ... only while thompson's last 30 predictions order what was then measured with Kendall tau >= 0.3
-    "bandit:screened-tau": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2, "screen": "thompson",
-                                       "screen_tau": 0.3}),
-    "bandit:screened-k4-tau": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
-                                          "screen": "thompson", "screen_k": 4, "screen_tau": 0.3}),
+    # issue 20, second round (docs/benchmarks.md): bandits whose local-search arms thompson's predictions screened
+    # were candidates here (commit 7150133) and lost leave one family out; the code is gone since
     "thompson": ("thompson", {}),
     "thompson:wide": ("thompson", {"radius": 3, "global_every": 2}),
 }
@@ -244,6 +234,9 @@ def main(argv=None) -> int:
             warm[(label, e)] = WarmStart(r.space, others, early=e)
     run = Runner(replays, warm, args.budget, args.checkpoint)
     labels = list(replays)
+    skip = {x for x in args.optuna_skip.split(",") if x}
+    if skip - set(labels):
+        ap.error(f"--optuna-skip: unknown {', '.join(sorted(skip - set(labels)))}; known: {', '.join(labels)}")
 
     chosen = {fam: EARLY for fam in fams}
     choice_table = {}
@@ -294,9 +287,6 @@ def main(argv=None) -> int:
     methods = ["random", "auto", "warm:auto"] + ([] if args.no_optuna else ["optuna", "warm:optuna"])
     peers = peer_figures(PEERS_JSON)
     earlier = optuna_figures(args.optuna_from) if args.optuna_from else {}
-    skip = {x for x in args.optuna_skip.split(",") if x}
-    if skip - set(labels):
-        ap.error(f"--optuna-skip: unknown {', '.join(sorted(skip - set(labels)))}; known: {', '.join(labels)}")
     methods_of = {lb: [m for m in methods if lb not in skip or "optuna" not in m] for lb in labels}
     todo = [(lb, m, s, EARLY) for lb in labels for m in methods_of[lb] for s in (peer_seeds if "optuna" in m else seeds)]
     todo += [(lb, f"default:{chosen_default[fam_of[lb]]}", s, EARLY) for lb in labels for s in seeds if chosen_default]

@@ -41,7 +41,6 @@ ARMS: dict[str, type[Strategy]] = {
 }
 
 DEFAULT_ARMS = ("genetic", "annealing", "hillclimb")
-SCREEN_CHECKS, SCREEN_MIN_CHECKS = 30, 10  # a trust-gated screen judges the model on its last 30 predictions, from 10
 
 
 class AUCBandit:
@@ -115,19 +114,11 @@ class Portfolio(Strategy):
     settings = (Setting("arms", "str", "+".join(DEFAULT_ARMS), "strategies to run as arms, joined by +"),
                 Setting("c", "float", 0.05, "weight of the bandit's exploration term", low=0),
                 Setting("window", "int", 500, "recent uses the bandit remembers", low=1),
-                Setting("arm_options", "json", None, "per arm name, a mapping of that arm's settings"),
-                Setting("screen", "str", "", "an arm with a surrogate (thompson) whose predictions screen the "
-                                             "local-search arms' proposals ('': none)"),
-                Setting("screen_k", "int", 8, "with screen: candidates each screened proposal chooses among",
-                        low=2),
-                Setting("screen_tau", "float", -1.0, "with screen: screen only while the model's Kendall tau on the "
-                                                     "last 30 points it predicted before they were measured is at "
-                                                     "least this (-1: always)", low=-1, high=1))
+                Setting("arm_options", "json", None, "per arm name, a mapping of that arm's settings"))
 
     def __init__(self, space: Space, seed: int = 0, arms: Sequence[str] | str = DEFAULT_ARMS, c: float = 0.05,
                  window: int = 500, arm_options: dict[str, dict[str, Any]] | None = None,
-                 catalog: Mapping[str, type[Strategy]] | None = None, screen: str = "", screen_k: int = 8,
-                 screen_tau: float = -1.0, **kw):
+                 catalog: Mapping[str, type[Strategy]] | None = None, **kw):
         super().__init__(space, seed, **kw)
         if isinstance(arms, str):
             arms = [a for a in arms.split("+") if a]
@@ -149,18 +140,6 @@ class Portfolio(Strategy):
             cls = catalog[a]
             opts = check_options(a, cls.all_settings(), dict(arm_options.get(a, {})))
             self.arms[a] = cls(space, self.rng.randrange(2**31), **opts)
-        if screen:
-            models = [a for a, arm in self.arms.items() if callable(getattr(arm, "predict", None))]
-            if screen not in models:
-                raise SettingError(f"bandit: screen must name an arm with a surrogate model ("
-                                   f"{', '.join(models) or 'none among the arms'}), got {screen!r}")
-            for a, arm in self.arms.items():
-                if a != screen:
-                    arm.screen, arm.screen_k = self._screen, screen_k
-        self.screen_arm, self.screen_tau = screen, screen_tau
-        self._predicted: dict[str, float] = {}  # fingerprint -> the model's prediction before it was measured
-        self._checked: deque[tuple[float, float]] = deque(maxlen=SCREEN_CHECKS)  # (prediction, log-time)
-        self.screened = self.unscreened = 0  # screen calls the model answered / that its record turned away
         self.bandit = AUCBandit(list(self.arms), c, window)
         self.owner: dict[str, str] = {}
         self.best = math.inf
@@ -188,34 +167,10 @@ class Portfolio(Strategy):
         return None
 
     def ask(self, n: int = 1) -> list[Candidate]:
-        out = self._fill(n, self._propose)
-        if self.screen_arm and self.screen_tau > -1:  # the model's predictions, to check against what is measured
-            pred = self.arms[self.screen_arm].predict(out) if out else None
-            if pred is not None:
-                self._predicted.update(zip((c.fingerprint for c in out), map(float, pred)))
-        return out
-
-    def _screen(self, cands):
-        """The screen arm's predictions for the local-search arms, while its record earns it (``screen_tau``)."""
-        if self.screen_tau > -1:
-            if len(self._checked) < SCREEN_MIN_CHECKS:
-                return None
-            from scipy.stats import kendalltau
-
-            p, y = zip(*self._checked)
-            tau = kendalltau(p, y).statistic
-            if not tau == tau or tau < self.screen_tau:  # NaN: no order to judge by
-                self.unscreened += 1
-                return None
-        pred = self.arms[self.screen_arm].predict(cands)
-        self.screened += pred is not None
-        return pred
+        return self._fill(n, self._propose)
 
     def tell(self, results: Sequence[Result]) -> None:
         for c, o in results:
-            p = self._predicted.pop(c.fingerprint, None) if self.screen_arm else None
-            if p is not None and o.status != "rejected":  # a failure ranks after every measured time
-                self._checked.append((p, math.log(o.metric) if o.ok and o.metric > 0 else 1e9))
             a = self.owner.pop(c.fingerprint, None)
             hit = o.ok and o.metric < self.best
             if o.ok:
@@ -238,6 +193,4 @@ class Portfolio(Strategy):
 
     def describe(self) -> dict:
         return {**super().describe(), "arms": list(self.arms), "c": self.bandit.c, "window": self.bandit.window,
-                "uses": dict(self.uses),
-                **({"screen": {"arm": self.screen_arm, "screened": self.screened, "turned_away": self.unscreened}}
-                   if self.screen_arm else {})}
+                "uses": dict(self.uses)}

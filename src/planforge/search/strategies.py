@@ -79,37 +79,6 @@ class Strategy:
         out.append(c)
         return True
 
-    # a surrogate screen (``Portfolio``'s ``screen`` setting sets it on its local-search arms): predicted
-    # log-time of candidates, lower is better, or None while the model has nothing to say
-    screen: Callable[[Sequence[Candidate]], Sequence[float] | None] | None = None
-    screen_k = 8  # candidates a screened proposal chooses among
-
-    def _screened(self, cands: Sequence[Candidate]) -> Candidate | None:
-        """The candidate the screen predicts fastest among up to ``screen_k`` of ``cands`` drawn at random (all
-        of them when fewer); a random one without a screen."""
-        if not cands:
-            return None
-        if self.screen is None or len(cands) == 1:
-            return self.rng.choice(cands)
-        pick = list(cands) if len(cands) <= self.screen_k else self.rng.sample(list(cands), self.screen_k)
-        pred = self.screen(pick)
-        if pred is None:
-            return pick[0]
-        return pick[min(range(len(pick)), key=lambda i: pred[i])]
-
-    def _fresh_sample(self) -> Candidate:
-        """A random point; with a screen, the one predicted fastest of ``screen_k`` unproposed random points."""
-        if self.screen is None:
-            return self.space.sample(self.rng)
-        cands = {}
-        for _ in range(4 * self.screen_k):
-            c = self.space.sample(self.rng)
-            if c.fingerprint not in self.proposed:
-                cands[c.fingerprint] = c
-                if len(cands) >= self.screen_k:
-                    break
-        return self._screened(list(cands.values())) or self.space.sample(self.rng)
-
     def _fill(self, n: int, propose: Callable[[], Candidate | None]) -> list[Candidate]:
         out: list[Candidate] = []
         while len(out) < n and not self.done:
@@ -239,18 +208,6 @@ class Genetic(Strategy):
         if self._initial < self.population or len(self.parents) < 2:
             self._initial += 1
             return self.space.sample(self.rng)
-        if self.screen is None:
-            return self._breed()
-        kids = {}
-        for _ in range(2 * self.screen_k):
-            c = self._breed()
-            if c.fingerprint not in self.proposed:
-                kids[c.fingerprint] = c
-                if len(kids) >= self.screen_k:
-                    break
-        return self._screened(list(kids.values())) or self._breed()
-
-    def _breed(self) -> Candidate:
         a, b = self.rng.sample([e.candidate for e in self.parents], 2)
         child = self.space.crossover(a, b, self.rng)
         if self.rng.random() < self.mutation or child.fingerprint in self.proposed:
@@ -297,12 +254,12 @@ class Annealing(Strategy):
 
     def _propose(self) -> Candidate | None:
         if self.current is None:
-            return self._fresh_sample()
+            return self.space.sample(self.rng)
         fresh = [c for c in self.space.neighbours(self.current[0]) if c.fingerprint not in self.proposed]
         if not fresh:
             self.current = None  # local area exhausted: restart
-            return self._fresh_sample()
-        return self._screened(fresh)
+            return self.space.sample(self.rng)
+        return self.rng.choice(fresh)
 
     def ask(self, n: int = 1) -> list[Candidate]:
         return self._fill(n, self._propose)
@@ -335,16 +292,12 @@ class HillClimb(Strategy):
         if self.current is not None and not self._queue:
             self._queue = [c for c in self.space.neighbours(self.current[0]) if c.fingerprint not in self.proposed]
             self.rng.shuffle(self._queue)
-            pred = self.screen(self._queue) if self.screen is not None and len(self._queue) > 1 else None
-            if pred is not None:  # screened: the neighbour predicted fastest is measured first
-                order = sorted(range(len(self._queue)), key=lambda i: -pred[i])
-                self._queue = [self._queue[i] for i in order]
             if not self._queue:  # local optimum
                 self.current = None
                 self.restarts += 1
         if self._queue:
             return self._queue.pop()
-        return self._fresh_sample()
+        return self.space.sample(self.rng)
 
     def ask(self, n: int = 1) -> list[Candidate]:
         return self._fill(n, self._propose)

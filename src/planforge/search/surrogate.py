@@ -151,7 +151,6 @@ class Thompson(Strategy):
         self._y: list[float | None] = []  # log-time, None for a failure
         self._seen_at_fit = 0
         self._pred: np.ndarray | None = None  # predicted log-time of each pool point under the current draw
-        self._w: np.ndarray | None = None  # the current draw's weights
         self._enumerable = False
         try:
             if space.size <= 50 * pool:
@@ -323,7 +322,7 @@ class Thompson(Strategy):
 
     def _refresh(self) -> None:
         """Draw new weights and predict every pool point; points already proposed are out."""
-        w = self._w = self._draw()
+        w = self._draw()
         self.refits += 1
         self._seen_at_fit = len(self._y)
         if not self._enumerable:
@@ -334,19 +333,6 @@ class Thompson(Strategy):
         if self._proposed_ints:
             pred[np.isin(self._pool_ints, np.fromiter(self._proposed_ints, dtype=np.int64))] = np.inf
         self._pred = pred
-
-    def predict(self, cands: Sequence[Candidate]) -> np.ndarray | None:
-        """Predicted log-time of each candidate under the current posterior draw (refreshed when stale), for
-        another strategy to order its proposals by (a surrogate-screened local search); None while the model
-        has not been used yet (its first ``n_init`` random points)."""
-        if self._w is None and len(self._y) < max(self.n_init, 2) and not self._warm:
-            return None
-        if self._w is None or self._stale():
-            self._refresh()
-        ints = np.array([self.space.to_int(c.index) for c in cands], dtype=np.int64)
-        cols, z = self._features(self._digits(ints))
-        pred = self._w[cols].sum(axis=1) if cols.shape[1] else np.zeros(len(ints))
-        return pred + z @ self._w[self._dense] if z.shape[1] else pred
 
     def _sample_pool(self, m: int) -> np.ndarray:
         """Up to ``m`` distinct valid points drawn uniformly (by rejection), plus the neighbours of the best."""
