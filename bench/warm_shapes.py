@@ -45,6 +45,23 @@ def tune(workload: str, shape: str, budget: int, seed: int, out: Path, warm: Pat
             "warm_stage": next((st for st in task.get("funnel") or [] if st["stage"] == "warm"), None)}
 
 
+def drift(cold_db: Path, warm_db: Path) -> dict | None:
+    """Warm time / cold time of every configuration both runs measured: what this machine's run-to-run drift is
+    on the same plan, against which "within 5%" is judged (None when the runs share no measured configuration)."""
+    from planforge.spec.records import Records
+
+    def times(db: Path) -> dict[str, float]:
+        with Records(db) as r:
+            return {x.fingerprint: x.outcome.metric for x in r.records(status="measured") if x.outcome.metric}
+
+    cold, warm = times(cold_db), times(warm_db)
+    ratios = sorted(warm[f] / cold[f] for f in cold.keys() & warm.keys())
+    if not ratios:
+        return None
+    return {"configs": len(ratios), "min": round(ratios[0], 3), "median": round(ratios[len(ratios) // 2], 3),
+            "max": round(ratios[-1], 3)}
+
+
 def evals_within(curve: list, bound: float, budget: int) -> int:
     return next((n for n, m in curve if m <= bound), budget + 1)
 
@@ -80,7 +97,9 @@ def main(argv=None) -> int:
                    "warm_evals": evals_within(warm["curve"], bound, args.budget),
                    "warm_start": warm["strategy"].get("warm_start"), "warm_stage": warm["warm_stage"],
                    "cold_wall_s": round(cold["wall_s"]),
-                   "warm_wall_s": round(warm["wall_s"])}
+                   "warm_wall_s": round(warm["wall_s"]),
+                   "same_config_warm_over_cold": drift(args.work / f"cold-{tag}" / "records.db",
+                                                       args.work / f"warm-{tag}" / "records.db")}
             row["warm_over_cold"] = row["warm_evals"] / row["cold_evals"]
             # the same against the cold run's chosen plan as re-measured at its end (less at the mercy of one
             # lucky measurement on a loaded machine)
