@@ -188,3 +188,21 @@ def test_dynamic_activations_only_where_there_is_a_dot_product(profile):
     assert "int8+a8" not in quant_variants(Problem("gemm", (4, 64, 64)), avx512)  # the GEMM widens B, A stays fp32
     space = quant_space(Problem("gemv", (64, 64)), zen3, quant_variants(Problem("gemv", (64, 64)), zen3))
     assert "act" not in space.names
+
+
+def test_the_joint_search_measures_each_formats_best_predicted_point_first(tmp_path):
+    from planforge.tuning import format_firsts
+    from planforge.validate.accuracy import step_format
+
+    w = load_workload("gemv", {"shape": "96,64", "epilogue": "none", "accuracy": "max_rel_err:0.5"})
+    r = tune(w, budget=Budget(evals=6), seed=0, out=tmp_path / "j")  # auto: model-guided behind the funnel
+    trials = [t for t in r.tasks[0].result.trials if t.outcome.status != "rejected"]
+    fmts = [step_format(t.candidate.as_dict()) for t in trials]
+    assert len(set(fmts[:2])) == 2, fmts  # the first two measured are two formats, not two tiles of one
+    # the helper: the first point of each format in the space's order, at most the limit
+    from planforge.space import Space, categorical
+
+    sp = Space([categorical("vec", (8, 16)), categorical("wfmt", ("fp32", "int8", "int4")),
+                categorical("qblock", (32, 64))])
+    got = [step_format(c.as_dict()) for c in format_firsts(sp, 10)]
+    assert got == ["fp32", "int8", "int4:32", "int4:64"] and len(format_firsts(sp, 2)) == 2

@@ -29,6 +29,7 @@ from .search.strategies import Strategy
 from .search.warm import WarmError, WarmStart, warm_note
 from .spec import Records, SCHEMA_VERSION, spec_filename, write_spec
 from .warmstart import auto_warm, load_sources
+from .validate.accuracy import FORMAT_KNOB, step_format
 from .workloads import Task, Workload
 
 FINALIST_ROUNDS = 3
@@ -345,6 +346,13 @@ def _task_search(db: Records, run_id: str, workload: Workload, task: Task, strat
                     warm=warm_on(task.space, driver) if funnel else None,
                     warm_k=budget.evals or 32, seed=seed).screen(task.space)
     space = screen.space
+    if not task.seeds and FORMAT_KNOB in space.names:
+        # a kernel whose weight format is a gene: the best predicted point of each format is measured first,
+        # so that the formats are compared on measurements before the model's ranking (which counts bytes and
+        # would spend the first batch on the smallest format) decides where the rest go
+        firsts = format_firsts(space, max(2, (budget.evals or 16) // 3))
+        if len(firsts) > 1:
+            options = {**options, "initial": firsts}
 
     def strategy_for(target: str) -> Strategy:
         # each device fingerprint's search: the same strategy and seed, its own state, its own warm start
@@ -529,3 +537,19 @@ def _with_l2(db: Records, run_id: str, workload: Workload, tr: TaskResult, l2: L
     walk = walk_finalists(ranked, task.validators, task.peak_bytes)
     return dataclasses.replace(tr, walk=walk, ranked=ranked, baselines=res.baselines or tr.baselines,
                                bound=_bound(task, walk, ranked), l2=res.to_json())
+
+
+def format_firsts(space, limit: int) -> list:
+    """The first point of each weight format (``step_format``: with its block and activations) in ``space``'s
+    order (the funnel's: the best predicted first), at most ``limit``, in that order."""
+    import itertools
+
+    out, seen = [], set()
+    for c in itertools.islice(space.enumerate(), 100_000):  # a space the funnel did not cut may be large
+        f = step_format(c.as_dict())
+        if f not in seen:
+            seen.add(f)
+            out.append(c)
+            if len(out) >= limit:
+                break
+    return out
