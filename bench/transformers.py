@@ -46,10 +46,10 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
-
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads libgomp (see the docstring)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads OpenBLAS (see the docstring)
+
+import numpy as np  # noqa: E402 - after the thread settings
 
 # this file is named like the package it benchmarks: keep its own folder off the import path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
