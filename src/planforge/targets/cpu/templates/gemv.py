@@ -1,7 +1,8 @@
 """GEMV template for batch-1 inference: y = act(x @ W + bias), x: [K], W: [K, N].
 
 Each block of ``jb`` vectors of output columns keeps ``ksplit`` independent
-sets of accumulators (more FMA chains in flight) and streams W row by row
+sets of accumulators (more FMA chains in flight, each over its own contiguous
+chunk of K: as many streams from memory) and streams W row by row
 (``w_layout="row"``) or from a pre-packed layout (``"packed"``: W rearranged
 once into [N / (jb*V)] panels of [K][jb*V] contiguous floats, so each block
 streams one contiguous region). Blocks are split over ``threads``.
@@ -53,7 +54,11 @@ def space(N: int, K: int, profile) -> Space:
 
 def block_source(knobs: dict[str, Any], name: str = "block") -> str:
     """``name(x, W, wp, bias, y, N, K, j0, epi)``: one block of ``jb * V`` output
-    columns starting at ``j0``; reads W row-major, or the block's packed panel ``wp``."""
+    columns starting at ``j0``; reads W row-major, or the block's packed panel ``wp``.
+
+    The ``ksplit`` sets of accumulators each take a contiguous chunk of K (rows ``[s * Kc, (s + 1) * Kc)``),
+    so a block streams ``ksplit`` regions at once: from DRAM one sequential stream per core leaves bandwidth
+    unused (a 1 x 4096 x 4096 block ran about 25% faster as four streams than as one, on one thread)."""
     jb, ks = knobs["jb"], knobs["ksplit"]
     packed = knobs["w_layout"] == "packed"
     jbv = f"({jb} * V)"
@@ -61,17 +66,18 @@ def block_source(knobs: dict[str, Any], name: str = "block") -> str:
         (lambda kk, v: f"W + (long)({kk}) * N + j0 + {v} * V")
     L = [f"static inline void {name}(const float *restrict x, const float *restrict W, const float *restrict wp,"
          " const float *restrict bias, float *restrict y, int N, int K, int j0, int epi) {",
-         "    (void)W; (void)wp;"]
+         "    (void)W; (void)wp;",
+         f"    const int Kc = K / {ks};"]
     for s in range(ks):
         L.append("    " + " ".join(f"vf a{s}_{v} = vset(0.0f);" for v in range(jb)))
-    L.append("    int k = 0;")
     L.append(f"    #pragma GCC unroll {knobs['unroll']}")
-    L.append(f"    for (; k + {ks} <= K; k += {ks}) {{")
+    L.append("    for (int k = 0; k < Kc; k++) {")
     for s in range(ks):
-        L.append(f"        {{ vf xv = vset(x[k + {s}]); " +
-                 " ".join(f"a{s}_{v} = xv * vload({w_at(f'k + {s}', v)}) + a{s}_{v};" for v in range(jb)) + " }")
+        row = f"k + {s} * Kc" if s else "k"
+        L.append(f"        {{ vf xv = vset(x[{row}]); " +
+                 " ".join(f"a{s}_{v} = xv * vload({w_at(row, v)}) + a{s}_{v};" for v in range(jb)) + " }")
     L.append("    }")
-    L.append("    for (; k < K; k++) { vf xv = vset(x[k]); " +
+    L.append(f"    for (int k = {ks} * Kc; k < K; k++) {{ vf xv = vset(x[k]); " +
              " ".join(f"a0_{v} = xv * vload({w_at('k', v)}) + a0_{v};" for v in range(jb)) + " }")
     for v in range(jb):
         tot = " + ".join(f"a{s}_{v}" for s in range(ks))

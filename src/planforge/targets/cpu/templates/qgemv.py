@@ -84,14 +84,15 @@ def _acc_decl(ks: int, jb: int, name: str) -> str:
 
 
 def _dense_loop(fmt: str, ks: int, jb: int, unroll: int) -> list[str]:
-    """bf16 / int8: rows k of the panel ``wp`` ([K][JBV]) into accumulators a{s}_{v}."""
+    """bf16 / int8: rows k of the panel ``wp`` ([K][JBV]) into accumulators a{s}_{v}, set s over its own
+    contiguous chunk of K (``ksplit`` streams from memory, as the fp32 GEMV's)."""
     load = "w_bf16" if fmt == "bf16" else "w_int8"
     step = lambda kk, s: f"{{ vf xv = vset(x[{kk}]); " + " ".join(  # noqa: E731
         f"a{s}_{v} = xv * {load}(wp + (long)({kk}) * JBV + {v} * V) + a{s}_{v};" for v in range(jb)) + " }"
-    return [_acc_decl(ks, jb, "a"), "    int k = 0;", f"    #pragma GCC unroll {unroll}",
-            f"    for (; k + {ks} <= K; k += {ks}) {{",
-            *(f"        {step(f'k + {s}', s)}" for s in range(ks)),
-            "    }", f"    for (; k < K; k++) {step('k', 0)}"]
+    return [_acc_decl(ks, jb, "a"), f"    const int Kc = K / {ks};", f"    #pragma GCC unroll {unroll}",
+            "    for (int k = 0; k < Kc; k++) {",
+            *(f"        {step(f'k + {s} * Kc' if s else 'k', s)}" for s in range(ks)),
+            "    }", f"    for (int k = {ks} * Kc; k < K; k++) {step('k', 0)}"]
 
 
 def _int4_loop(ks: int, jb: int, unroll: int) -> list[str]:
@@ -194,8 +195,10 @@ def a8_block_source(knobs: dict[str, Any]) -> str:
          " const int32_t *restrict cs, const float *restrict bias, float *restrict y, int N, int K4, int j0,"
          " float sx, int zp, int epi) {",
          *("    " + " ".join(f"vi a{s}_{v} = (vi){{0}};" for v in range(jb)) for s in range(ks)),
-         "    int t = 0;", f"    #pragma GCC unroll {unroll}", f"    for (; t + {ks} <= K4; t += {ks}) {{",
-         *(f"        {step(f't + {s}', s)}" for s in range(ks)), "    }", f"    for (; t < K4; t++) {{ {step('t', 0)} }}"]
+         f"    const int K4c = K4 / {ks};",  # set s over its own chunk of K: ksplit streams from memory
+         f"    #pragma GCC unroll {unroll}", "    for (int t = 0; t < K4c; t++) {",
+         *(f"        {step(f't + {s} * K4c' if s else 't', s)}" for s in range(ks)), "    }",
+         f"    for (int t = {ks} * K4c; t < K4; t++) {{ {step('t', 0)} }}"]
     sums = {v: f"__builtin_convertvector(({' + '.join(f'a{s}_{v}' for s in range(ks))}) - zp * "
                f"vload_i(cs + j0 + {v} * V), vf) * (vload(sp + j0 + {v} * V) * sx)" for v in range(jb)}
     return "\n".join(L + _store(jb, sums))
