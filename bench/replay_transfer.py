@@ -78,6 +78,13 @@ DEFAULTS = {
     "bandit:thompson+genetic": ("bandit", {"arms": "thompson+genetic", "c": 0.2}),
     # issue 20, second round (docs/benchmarks.md): bandits whose local-search arms thompson's predictions screened
     # were candidates here (commit 7150133) and lost leave one family out; the code is gone since
+    # ... and today's auto with thompson's random start shortened or lengthened (it is told every arm's results)
+    "bandit:thompson-init5": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
+                                         "arm_options": {"thompson": {"n_init": 5}}}),
+    "bandit:thompson-init20": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
+                                          "arm_options": {"thompson": {"n_init": 20}}}),
+    "bandit:c0.1": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.1}),
+    "bandit:c0.4": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.4}),
     "thompson": ("thompson", {}),
     "thompson:wide": ("thompson", {"radius": 3, "global_every": 2}),
 }
