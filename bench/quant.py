@@ -123,6 +123,10 @@ def tuned(K, N, epi, accuracy, evals, seed, out, variants=None):
     if r.spec is None:  # e.g. every finalist's re-measure timed out on a loaded machine
         raise RuntimeError(f"GEMV {K}x{N} {accuracy or 'fp32'}: no plan: {r.tasks[0].error}")
     t = next(iter(r.spec["tasks"].values()))
+    stages = t.get("funnel") or []
+    print(f"    {'joint' if accuracy else 'fp32'} search of {K}x{N}: funnel "
+          + ", ".join(f"{st['stage']} {st['count']}" + (f" (bounds x{st['bound_scale']:.2f})" if "bound_scale" in st
+                                                        else "") for st in stages), flush=True)
     return t["plan"], t.get("quant")
 
 
