@@ -1,0 +1,34 @@
+"""bench/warm_shapes.py's drift figure: warm time / cold time of the configurations both runs of a seed measured."""
+import importlib.util
+from pathlib import Path
+
+from planforge.outcome import Outcome
+from planforge.spec.records import Records
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "warm_shapes.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("warm_shapes", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def write(db: Path, times: dict[str, float | None]) -> None:
+    with Records(db) as r:
+        run, _ = r.start_run("gemm", "gemm:8x8x8", {"budget": len(times)})
+        for i, (fp, t) in enumerate(times.items(), 1):
+            o = Outcome.measured([t]) if t is not None else Outcome.invalid("runtime", "failed")
+            r.add(run, "gemm:8x8x8", "t0", "cpu", fp, {"tile": fp}, o, i)
+
+
+def test_drift_compares_only_configurations_both_runs_measured(tmp_path):
+    ws = load_bench()
+    cold, warm = tmp_path / "cold.db", tmp_path / "warm.db"
+    write(cold, {"a": 1.0, "b": 2.0, "c": 4.0, "d": None, "only-cold": 1.0})
+    write(warm, {"a": 2.0, "b": 1.0, "c": 4.0, "d": 3.0, "only-warm": 1.0})
+    assert ws.drift(cold, warm) == {"configs": 3, "min": 0.5, "median": 1.0, "max": 2.0}  # d failed in the cold run
+    other = tmp_path / "other.db"
+    write(other, {"x": 1.0})
+    assert ws.drift(cold, other) is None
