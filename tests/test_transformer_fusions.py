@@ -221,3 +221,17 @@ def test_a_near_gelu_stays_written_out(one, cube):
     want = m.double()(args[0].double()).detach().numpy()
     # the written-out form's constants are fp32 parameters: 0.044715 is 0.0447149984
     assert np.abs(g.evaluate(args[0].numpy())[0] - want).max() <= 1e-7 * np.abs(want).max()
+
+
+def test_an_activation_after_a_reshape_fuses_into_the_gemm():
+    """GPT-2's Conv1D: GEMM and bias on [32, K], reshaped to [1, 32, N], then the GELU: the GELU is still the GEMM's
+    epilogue, and the seed plans compute the model."""
+    gb = GraphBuilder("conv1d-gelu", seed=2)
+    x = gb.input("x", (32, 16))
+    y = gb.op("reshape", gb.op("bias", gb.op("matmul", x, gb.weight("w", 16, 24)), gb.param("b", np.ones(24, np.float32))),
+              shape=(1, 32, 24))
+    g = gb.output(gb.op("gelu", y, approximate="tanh"))
+    eg = saturate(g, RULES)
+    assert ("tmpl3", "linear") in kinds(eg) and any(
+        n.op == "tmpl3" and n.args[:2] == ("linear", "gelu:tanh") for ns in eg.classes.values() for n in ns)
+    seed_steps(g, "conv1d-gelu")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from egglog import rewrite
 
 from .base import Library, Op, ints, need
 
@@ -75,6 +76,20 @@ def _onnx_squeeze(em, node, ins, at, opset):
     return em.reshape(ins[0], [d for i, d in enumerate(s) if i not in drop], node.output[0])
 
 
+def _rules(E, v):
+    """An activation of a reshaped value is the reshape of the activation (elementwise: the order of the elements is
+    the same): GPT-2's ``Conv1D`` reshapes its GEMM's [32, 1024] output to [1, 32, 1024] before the GELU, which
+    then could not become the GEMM's epilogue."""
+    from .kernel import activations
+
+    out = []
+    for name, op in activations().items():
+        attr = name.partition(":")[2]
+        out.append(rewrite(E(op, E("reshape", v.x, attr=v.s), attr=attr)).to(E("reshape", E(op, v.x, attr=attr),
+                                                                               attr=v.s)))
+    return {"epilogue": out}
+
+
 OPS = [Op(
     "reshape", 1, shape,
     reference=lambda a, attrs: np.reshape(a[0], attrs["shape"]),
@@ -82,6 +97,7 @@ OPS = [Op(
     egg_attr=lambda attrs: ",".join(map(str, attrs["shape"])),
     from_egg=lambda s: {"shape": ints(s)},
     flops=lambda s, out, attrs: 0.0,
+    rules=_rules,
     view=True,
     torch={k: _torch for k in ("view", "reshape", "_unsafe_view", "view_copy", "flatten", "unflatten", "unsqueeze",
                                "squeeze", "unsqueeze_copy", "squeeze_copy")},
