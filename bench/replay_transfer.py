@@ -85,6 +85,10 @@ DEFAULTS = {
                                           "arm_options": {"thompson": {"n_init": 20}}}),
     "bandit:c0.1": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.1}),
     "bandit:c0.4": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.4}),
+    "bandit:thompson-global2": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
+                                           "arm_options": {"thompson": {"global_every": 2}}}),
+    "bandit:thompson-global6": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
+                                           "arm_options": {"thompson": {"global_every": 6}}}),
     "thompson": ("thompson", {}),
     "thompson:wide": ("thompson", {"radius": 3, "global_every": 2}),
 }
