@@ -9,6 +9,7 @@ report are written. ``planforge.tune`` (the API) calls ``tune`` here.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from pathlib import Path
@@ -542,8 +543,6 @@ def _with_l2(db: Records, run_id: str, workload: Workload, tr: TaskResult, l2: L
 def format_firsts(space, limit: int) -> list:
     """The first point of each weight format (``step_format``: with its block and activations) in ``space``'s
     order (the funnel's: the best predicted first), at most ``limit``, in that order."""
-    import itertools
-
     out, seen = [], set()
     for c in itertools.islice(space.enumerate(), 100_000):  # a space the funnel did not cut may be large
         f = step_format(c.as_dict())
