@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from planforge.ir.zoo import policy_mlp
-from planforge.ops.kernel import MlpProblem, epilogue_of_act
+from planforge.ops.kernel import MlpProblem, epilogue_of_act, problem_from_json
 from planforge.targets.cpu.build import IsaError, build, build_many, isa_flags, load
 from planforge.targets.cpu.templates import default_knobs, knob_space, mlp
 from planforge.targets.cpu.templates.epilogues import apply_chain
@@ -152,6 +152,34 @@ def test_space_keeps_one_thread_and_canonical_spin(lim):
         assert {tuple(c[s] for s in mlp.split_names(layers)) for c in many} == set(itertools.product("nk", repeat=3))
     d = default_knobs(MlpProblem(layers), lim)
     assert sp.is_valid(sp.make(d))
+
+
+def test_a_shared_mlp_sleeps_at_once(lim):
+    """A fused MLP that is one part of a partitioned model is timed apart from the other parts, so nothing in its
+    measurements shows a spinning worker taking a core from them: its pool may only sleep at once."""
+    layers = SHAPES["three"]
+    p = MlpProblem(layers, shared=True)
+    assert problem_from_json(p.to_json()) == p and "shared" not in MlpProblem(layers).to_json()
+    assert p.key != MlpProblem(layers).key
+    sp = knob_space(p, lim)
+    assert {c["spin_us"] for c in sp.enumerate()} == {0}
+    assert sp.is_valid(sp.make(default_knobs(p, lim)))
+
+
+def test_partitioned_models_share_their_mlps():
+    """The task of a part gets shared fused MLPs; a model that stays one task keeps every spin bound."""
+    from planforge.targets.cpu import CpuTarget
+    from planforge.workloads.models import graph_task
+
+    g = policy_mlp(1, (16, 32, 32, 8))
+    target = CpuTarget()
+    for shared in (False, True):
+        task = graph_task(g, "graph", target, 1 << 30, shared=shared)
+        genome = task.backend.genome
+        mlps = [nid for nid, p in genome.problems.items() if isinstance(p, MlpProblem)]
+        assert mlps and all(genome.problems[nid].shared == shared for nid in mlps)
+        spins = {k["spin_us"] for nid in mlps for k in genome.configs[nid]}
+        assert (spins == {0}) if shared else bool(spins - {0}), (shared, spins)
 
 
 def test_defaults_split_by_what_each_thread_holds():

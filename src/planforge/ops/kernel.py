@@ -153,10 +153,16 @@ class Problem:
 
 @dataclass(frozen=True)
 class MlpProblem:
-    """Consecutive linear layers of one row fused into one kernel: ``layers`` = ((K, N, act), ...)."""
+    """Consecutive linear layers of one row fused into one kernel: ``layers`` = ((K, N, act), ...).
+
+    ``shared``: the kernel is one step of a plan whose other parts are timed apart from it (a part of a
+    partitioned model), so its thread pool must not keep a core busy after a call: the next call of the same
+    kernel comes only after every other part has run, and a spinning worker would take a core from them
+    (default False: the kernel's own measurements, called back to back, decide how long its workers spin)."""
 
     layers: tuple[tuple[int, int, str], ...]
     op: str = "mlp"
+    shared: bool = False
 
     def __post_init__(self):
         if not self.layers:
@@ -172,7 +178,10 @@ class MlpProblem:
                 raise ProblemError(f"layer {i} takes {k} inputs, layer {i - 1} gives {self.layers[i - 1][1]}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": "mlp", "layers": [list(x) for x in self.layers]}
+        d = {"op": "mlp", "layers": [list(x) for x in self.layers]}
+        if self.shared:
+            d["shared"] = True
+        return d
 
     @property
     def key(self) -> str:
@@ -252,7 +261,7 @@ def rowwise_kernel(kind: str):
 def problem_from_json(d: dict[str, Any]) -> Problem | MlpProblem:
     """A problem from ``to_json`` (specs before 0.2 stored a fused MLP as ``{"layers": ...}``)."""
     if d.get("op", "mlp") == "mlp" and "layers" in d:
-        return MlpProblem(tuple((int(k), int(n), str(a)) for k, n, a in d["layers"]))
+        return MlpProblem(tuple((int(k), int(n), str(a)) for k, n, a in d["layers"]), shared=bool(d.get("shared")))
     return Problem(d["op"], tuple(d["dims"]), d.get("epilogue", "none"))
 
 

@@ -50,6 +50,8 @@ class Analysis:
     unavailable: set[str] = field(default_factory=set)  # node ids
     # classes computed from parameters alone: the plan folds their library steps into constants at load time
     constant: set[str] = field(default_factory=set)
+    # the graph is one part of a partitioned model: its fused MLPs are ``MlpProblem(shared=True)``
+    shared: bool = False
 
     def problem(self, n: ENode) -> Problem | MlpProblem | None:
         """The kernel problem of a template node or a fused MLP; None for other nodes and
@@ -57,7 +59,7 @@ class Analysis:
         if n.impl == "fused":
             layers = tuple((self.shapes[w][0], self.shapes[w][1], act) for w, _, act in self.layers[n.children[1]])
             try:
-                return MlpProblem(layers)
+                return MlpProblem(layers, shared=self.shared)
             except ValueError:
                 return None
         if n.impl != "tmpl":

@@ -192,14 +192,17 @@ def _accuracy_check(graph: Graph, target: Target, genome, accuracy, seed: int, d
 
 
 def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 0, node_limit: int = 20_000,
-               weight: int = 1, accuracy=None, validation: tuple[list, str] | None = None) -> Task:
+               weight: int = 1, accuracy=None, validation: tuple[list, str] | None = None,
+               shared: bool = False) -> Task:
     """The task of one graph (a whole model, or one part of a partitioned one): its e-graph saturated within
     ``node_limit`` e-nodes, memory-pruned to ``budget`` bytes, extracted greedily and by ILP (the two seeds of
     the search), and the genome over it (implementation choices and template knobs) as its space.
     ``accuracy``: the task's accuracy budget (``planforge.quant.Accuracy``; None: none stated, fp32 weights
     only); one that allows quantisation makes each linear template's weight format a gene, and the plan's
     outputs are judged by it, in the finalist walk on ``validation`` (``(draws, what they are)``: the graph's
-    inputs; default: ``validation_draws`` of its own)."""
+    inputs; default: ``validation_draws`` of its own). ``shared``: the graph is one part of a partitioned model,
+    timed apart from the others, so a fused MLP's pool may not spin after a call (``MlpProblem.shared``; default
+    False)."""
     device = target.ceilings()  # (measures the device on first use: before the clock starts)
     if device is None:
         raise TargetError(f"target {target.name!r} has no device ceilings: it cannot plan a whole model")
@@ -207,6 +210,7 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     limits, names = Limits(nodes=node_limit), _rulesets(graph)
     eg = saturate(graph, names, limits)
     a = analyse(eg, graph)
+    a.shared = shared
     a.unavailable |= _no_template(eg, a, target)
     allowed = usable(eg, {c: [n.id for n in ns if n.executable and n.id not in a.unavailable]
                           for c, ns in eg.classes.items()})
@@ -333,7 +337,7 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
             flows = [[v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v
                       for v in values_of(graph, d, rep.inputs)] for d in draws] if draws else None
             t = graph_task(rep.graph, f"part{rep.index}", target, budget, seed, node_limit, weight=len(idx),
-                           accuracy=acc(f"part{rep.index}"),
+                           accuracy=acc(f"part{rep.index}"), shared=True,
                            validation=(flows, f"the values flowing into it on {about}") if flows else None)
             t.info.update({"structure": key, "instances": list(idx), "ops": len(rep.graph.nodes)})
             tasks.append(t)

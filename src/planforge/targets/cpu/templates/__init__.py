@@ -108,8 +108,8 @@ TEMPLATES: dict[str, Template] = {
     ),
     "mlp": Template(
         "mlp",
-        space=lambda p, lim: mlp.space(p.layers, lim),
-        defaults=lambda p, lim: mlp.defaults(p.layers, lim),
+        space=lambda p, lim: mlp.space(p.layers, lim, p.shared),
+        defaults=lambda p, lim: mlp.defaults(p.layers, lim, p.shared),
         source=lambda p, k: mlp.source(p.layers, k),
         bind=lambda lib, p, k, i, out: mlp.bind(lib, p.layers, k, i["x"], i["weights"], i["biases"], out),
         openmp_threads=False,  # its threads are its own persistent pool (templates/pool.py)

@@ -15,7 +15,9 @@ column, giving partial sums that the next layer's threads add up, with the
 bias and activation, as they read them). One barrier per layer; the last
 layer's split-K sums are added by the caller after the call. ``spin_us``:
 how long an idle worker spins before it sleeps (a control loop that calls
-more often than that never pays a wake-up). ``pin``: 1 pins each worker to
+more often than that never pays a wake-up; 0: it sleeps as soon as a call
+ends, the only value for a ``shared`` problem, a step of a partitioned model
+whose next call comes after every other part has run). ``pin``: 1 pins each worker to
 its own physical core, 0 leaves placement to the scheduler (see ``pool.py``).
 ``threads = 1`` runs on the caller alone, no pool.
 
@@ -66,7 +68,7 @@ from .gemv import block_source, tail_source
 from .pool import POOL_BODY, POOL_HEAD
 from . import qgemv
 
-SPIN_US = (1000, 100, 20000)  # the first is what one thread (no pool) is canonicalised to
+SPIN_US = (1000, 100, 20000, 0)  # the first is what one thread (no pool) is canonicalised to
 FORMAT_CODES = {"fp32": 0, "bf16": 1, "int8": 2, "int4": 3}
 A8 = 4  # a layer's code for int8 weights with dynamic int8 activations
 
@@ -98,8 +100,15 @@ def split_names(layers: Sequence[tuple[int, int, str]]) -> list[str]:
     return [f"split{i}" for i in range(len(layers))]
 
 
-def space(layers: Sequence[tuple[int, int, str]], profile) -> Space:
-    """``layers``: (K, N, act) per layer, first to last; ``profile``: the templates' ``Limits``."""
+def spins(shared: bool) -> tuple[int, ...]:
+    """The ``spin_us`` values a fused MLP may take: every one alone, none but 0 for a ``shared`` problem."""
+    return (0,) if shared else SPIN_US
+
+
+def space(layers: Sequence[tuple[int, int, str]], profile, shared: bool = False) -> Space:
+    """``layers``: (K, N, act) per layer, first to last; ``profile``: the templates' ``Limits``; ``shared``: the
+    problem's (its pool sleeps at once)."""
+    spin = spins(shared)
     lanes = profile.vector_lanes
     vecs = tuple(v for v in (4, 8, 16) if v <= lanes) or (1,)
     n_min = min(n for _, n, _ in layers)
@@ -107,10 +116,10 @@ def space(layers: Sequence[tuple[int, int, str]], profile) -> Space:
         [categorical("vec", vecs), categorical("jb", (1, 2, 4, 8)), categorical("ksplit", (1, 2, 4)),
          categorical("unroll", (1, 2, 4)), categorical("threads", tuple(range(1, profile.physical_cores + 1))),
          *[categorical(s, ("n", "k")) for s in split_names(layers)],
-         categorical("spin_us", SPIN_US), categorical("pin", (1, 0))],
+         categorical("spin_us", spin), categorical("pin", (1, 0))],
         ["jb * ksplit + jb + 1 <= vregs", "jb * vec <= max(vec, n_min)",
          # one thread has no pool to spin: every spin bound is the same plan
-         f"threads > 1 or (spin_us == {SPIN_US[0]} and pin == 1)"],
+         f"threads > 1 or (spin_us == {spin[0]} and pin == 1)"],
         constants={"vregs": profile.vector_registers, "n_min": n_min},
     )
 
@@ -150,7 +159,7 @@ def with_formats(space: Space, layers: Sequence[tuple[int, int, str]], names: Se
     return Space(knobs, rules, constants=space.constants)
 
 
-def defaults(layers: Sequence[tuple[int, int, str]], lim) -> dict[str, Any]:
+def defaults(layers: Sequence[tuple[int, int, str]], lim, shared: bool = False) -> dict[str, Any]:
     """Where the search starts: all cores when each one's weight slice is worth more than a barrier (larger
     than its L1, so it would stream from L2 or beyond), split along N where every thread gets whole blocks of
     columns, else along K; measurements decide."""
@@ -160,7 +169,7 @@ def defaults(layers: Sequence[tuple[int, int, str]], lim) -> dict[str, Any]:
     wbytes = 4 * sum(k * n for k, n, _ in layers)
     cores = max(1, lim.physical_cores)
     threads = cores if cores > 1 and wbytes / cores > lim.caches["L1d"] else 1
-    d = {"vec": vec, "jb": jb, "ksplit": 2, "unroll": 2, "threads": threads, "spin_us": SPIN_US[0], "pin": 1}
+    d = {"vec": vec, "jb": jb, "ksplit": 2, "unroll": 2, "threads": threads, "spin_us": spins(shared)[0], "pin": 1}
     for s, (k, n, _) in zip(split_names(layers), layers):
         d[s] = "n" if threads == 1 or n // (jb * vec) >= 2 * threads else "k"
     return d
