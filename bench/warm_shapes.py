@@ -8,6 +8,14 @@ within 5% of the *cold* run's best (the warm run is judged against the cold one'
 got there counts budget + 1). Measurements are real ones on this machine, so they carry its noise: the
 load average is recorded with the results.
 
+The same plan's time moves between two runs minutes apart on a shared machine (``same_config_warm_over_cold``),
+so ``--remeasure ROUNDS`` also scores each pair against times taken side by side: after both tunings of a pair,
+every configuration either run measured is measured again in one process (one worker), the cold run's and the
+warm run's configurations interleaved (A B A B), ROUNDS rounds, each configuration's time the median of its
+rounds; the cold run's best is then the best re-measured time of what it measured, and each run is scored by
+the first evaluation (in the order it measured them) whose configuration's re-measured time is within 5% of it
+(``cold_evals_re`` / ``warm_evals_re``; ``median_over_pairs_re``).
+
     .venv/bin/python bench/warm_shapes.py --budget 32 --seeds 3 --json bench/results/warm_shapes.json
 """
 from __future__ import annotations
@@ -62,6 +70,70 @@ def drift(cold_db: Path, warm_db: Path) -> dict | None:
             "max": round(ratios[-1], 3)}
 
 
+def measured_order(db: Path) -> list[tuple[int, str, dict]]:
+    """(evaluation, fingerprint, configuration) of every measurement of the run in ``db``, in the order it measured
+    them (failures included: they are evaluations too)."""
+    from planforge.spec.records import Records
+
+    with Records(db) as r:
+        return [(x.evaluation, x.fingerprint, x.candidate) for x in r.records()]
+
+
+def interleave(a: list, b: list) -> list:
+    """a[0] b[0] a[1] b[1] ..., each item once (the first time it comes)."""
+    out, seen = [], set()
+    for i in range(max(len(a), len(b))):
+        for side in (a, b):
+            if i < len(side) and side[i] not in seen:
+                seen.add(side[i])
+                out.append(side[i])
+    return out
+
+
+def remeasure(workload: str, shape: str, seed: int, cold_db: Path, warm_db: Path, rounds: int) -> dict:
+    """Every configuration either run measured, measured again in one worker: the cold run's and the warm run's
+    interleaved (A B A B), ``rounds`` rounds; a configuration's time is the median of its rounds (a failure in
+    any round leaves it without one). Returns the times by fingerprint and the rounds' wall time."""
+    import statistics
+
+    from planforge.workloads import kernels
+
+    if rounds < 1:
+        raise SystemExit(f"--remeasure takes a number of rounds >= 1, not {rounds}")
+    w = kernels.gemm(shape, seed=seed) if workload == "gemm" else kernels.gemv(shape, seed=seed)
+    [task] = w.tasks
+    cold, warm = measured_order(cold_db), measured_order(warm_db)
+    configs = {fp: cfg for _, fp, cfg in cold + warm}
+    order = interleave([fp for _, fp, _ in cold], [fp for _, fp, _ in warm])
+    cands = {fp: task.space.make(configs[fp]) for fp in order}
+    backend = task.backend
+    libs, times, failed = {}, {fp: [] for fp in order}, set()
+    for fp, b in zip(order, backend.build([cands[fp] for fp in order])):
+        if isinstance(b, str):
+            libs[fp] = b
+        else:
+            failed.add(fp)
+    t0 = time.time()
+    for _ in range(rounds):
+        for fp in order:
+            if fp in failed:
+                continue
+            o = backend.measure_built(cands[fp], libs[fp])
+            if o.ok:
+                times[fp].append(o.metric)
+            else:
+                failed.add(fp)
+    backend.worker.close()
+    med = {fp: statistics.median(t) for fp, t in times.items() if t and fp not in failed}
+    return {"times": med, "configs": len(order), "failed": len(failed), "wall_s": round(time.time() - t0, 1),
+            "cold": cold, "warm": warm}
+
+
+def evals_to(order: list[tuple[int, str, dict]], times: dict[str, float], bound: float, budget: int) -> int:
+    """The first evaluation whose configuration's (re-measured) time is within ``bound``; budget + 1 when none."""
+    return next((n for n, fp, _ in order if fp in times and times[fp] <= bound), budget + 1)
+
+
 def evals_within(curve: list, bound: float, budget: int) -> int:
     return next((n for n, m in curve if m <= bound), budget + 1)
 
@@ -73,14 +145,22 @@ def main(argv=None) -> int:
     ap.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/planforge-warm-shapes"))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--remeasure", type=int, default=0, metavar="ROUNDS",
+                    help="after both tunings of a pair, measure every configuration either run measured again, "
+                         "cold and warm interleaved, ROUNDS rounds, and score against those times (default 0: off)")
+    ap.add_argument("--pairs", default="", help="only these pairs, by index into PAIRS (e.g. 1 or 0,2; default all)")
     args = ap.parse_args(argv)
     os.environ.setdefault("PLANFORGE_PROBE", "quick")
     t0 = time.time()
     load0 = os.getloadavg()[0]
     sources: dict[tuple[str, str, int], Path] = {}
     rows = []
+    try:
+        pairs = [PAIRS[int(i)] for i in args.pairs.split(",")] if args.pairs else PAIRS
+    except (ValueError, IndexError):
+        raise SystemExit(f"--pairs takes indices 0..{len(PAIRS) - 1} separated by commas, not {args.pairs!r}") from None
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        for wl, src, dst in PAIRS:
+        for wl, src, dst in pairs:
             key = (wl, src, seed)
             if key not in sources:
                 out = args.work / f"src-{wl}-{src.replace(',', 'x')}-s{seed}"
@@ -112,6 +192,27 @@ def main(argv=None) -> int:
             print(f"{wl} {src} -> {dst} seed {seed}: cold {row['cold_evals']} evals to within 5% of its best "
                   f"({best * 1e6:.1f} us), warm {row['warm_evals']} (best {row['warm_best_s'] * 1e6:.1f} us)",
                   flush=True)
+            if args.remeasure:
+                la = os.getloadavg()[0]
+                re = remeasure(wl, dst, seed, args.work / f"cold-{tag}" / "records.db",
+                               args.work / f"warm-{tag}" / "records.db", args.remeasure)
+                t = re["times"]
+                cold_t = [t[fp] for _, fp, _ in re["cold"] if fp in t]
+                warm_t = [t[fp] for _, fp, _ in re["warm"] if fp in t]
+                if not cold_t:
+                    raise SystemExit(f"{tag}: no configuration of the cold run could be measured again")
+                rb = 1.05 * min(cold_t)
+                row.update(remeasured={"rounds": args.remeasure, "configs": re["configs"], "failed": re["failed"],
+                                       "wall_s": re["wall_s"], "load_average": [round(la, 2), round(os.getloadavg()[0], 2)],
+                                       "cold_best_s": min(cold_t), "warm_best_s": min(warm_t) if warm_t else None,
+                                       "times": t},
+                           cold_evals_re=evals_to(re["cold"], t, rb, args.budget),
+                           warm_evals_re=evals_to(re["warm"], t, rb, args.budget))
+                row["warm_over_cold_re"] = row["warm_evals_re"] / row["cold_evals_re"]
+                print(f"  re-measured side by side ({args.remeasure} rounds, {re['configs']} configurations, "
+                      f"{re['wall_s']} s): cold {row['cold_evals_re']} evals to within 5% of its best "
+                      f"({min(cold_t) * 1e6:.1f} us), warm {row['warm_evals_re']}"
+                      + (f" (best {min(warm_t) * 1e6:.1f} us)" if warm_t else ""), flush=True)
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "budget": args.budget,
            "seeds": list(range(args.first_seed, args.first_seed + args.seeds)),
            "load_average": [round(load0, 2), round(os.getloadavg()[0], 2)], "wall_s": round(time.time() - t0),
@@ -126,6 +227,13 @@ def main(argv=None) -> int:
                        for k, v in per_pair.items()}
     pm = sorted(v["median_warm_over_cold"] for v in out["per_pair"].values())
     out["median_over_pairs"] = pm[len(pm) // 2]
+    if args.remeasure:  # the same, scored against the times re-measured side by side
+        for k, v in per_pair.items():
+            out["per_pair"][k].update(cold_evals_re=sorted(x["cold_evals_re"] for x in v),
+                                      warm_evals_re=sorted(x["warm_evals_re"] for x in v),
+                                      median_warm_over_cold_re=sorted(x["warm_over_cold_re"] for x in v)[len(v) // 2])
+        pm = sorted(v["median_warm_over_cold_re"] for v in out["per_pair"].values())
+        out["median_over_pairs_re"] = pm[len(pm) // 2]
     print(json.dumps({k: v for k, v in out.items() if k != "pairs"}, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

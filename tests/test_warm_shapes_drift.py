@@ -32,3 +32,18 @@ def test_drift_compares_only_configurations_both_runs_measured(tmp_path):
     other = tmp_path / "other.db"
     write(other, {"x": 1.0})
     assert ws.drift(cold, other) is None
+
+
+def test_remeasure_protocol_interleaves_and_scores_against_remeasured_times(tmp_path):
+    ws = load_bench()
+    # cold and warm alternate, each configuration once (the one both measured where it first comes)
+    assert ws.interleave(["a", "b", "c", "d"], ["x", "b", "y"]) == ["a", "x", "b", "c", "y", "d"]
+    cold, warm = tmp_path / "cold.db", tmp_path / "warm.db"
+    write(cold, {"a": 5.0, "b": 1.0, "c": None})
+    write(warm, {"x": 9.0, "c": 9.0, "b": 9.0})
+    order_c, order_w = ws.measured_order(cold), ws.measured_order(warm)
+    assert [fp for _, fp, _ in order_c] == ["a", "b", "c"] and [n for n, _, _ in order_w] == [1, 2, 3]
+    # scored against the re-measured times, not the runs' own: c (failed in the cold run) now counts for warm
+    times = {"a": 2.0, "b": 1.0, "c": 1.04, "x": 3.0}
+    assert ws.evals_to(order_c, times, 1.05, 3) == 2 and ws.evals_to(order_w, times, 1.05, 3) == 2
+    assert ws.evals_to(order_w, {"x": 3.0}, 1.05, 3) == 4  # never within: budget + 1
