@@ -204,3 +204,38 @@ def test_tune_warm_start_from_records_and_auto(cli, tmp_path):
     assert "warm-started from 24 configurations of 1 earlier tuning" in r.stdout
     r = cli("tune", "-w", "drill", "--budget", "6", "--out", tmp_path / "c", check=True)  # nothing to warm from
     assert "warm-started" not in r.stdout
+
+
+def test_blocks_beyond_the_target_extent_clip_to_its_largest():
+    """Another shape's block that exceeds this shape's extent (mc = 256 where the knob stops at 128) is proposed as
+    its twin that fits, deduplicated with what the source measured itself; recorded spaces of other tools are not
+    clipped, nor values below a knob's range or of a categorical knob."""
+    space = Space([pow2("mc", 8, 128), pow2("nc", 64, 1024), categorical("order", ("ij", "ji"))])
+    rows = [({"mc": 256, "nc": 512, "order": "ji"}, 1.0),   # the source's best: mc beyond this space
+            ({"mc": 128, "nc": 512, "order": "ji"}, 3.0),   # its twin, measured, slower: one point, best kept
+            ({"mc": 256, "nc": 1024, "order": "ij"}, 2.0),
+            ({"mc": 4, "nc": 512, "order": "ji"}, 0.5),     # below the range: not a block that exceeds it
+            ({"mc": 64, "nc": 512, "order": "kk"}, 0.1),    # a value of no categorical knob: left out
+            ({"mc": 64, "nc": 256, "order": "ij"}, 4.0)]
+    clipped = WarmStart(space, [Source("other shape", rows, clip=True)], early=3)
+    first = [c.as_dict() for c in clipped.seeds()]
+    assert first == [{"mc": 128, "nc": 512, "order": "ji"}, {"mc": 128, "nc": 1024, "order": "ij"},
+                     {"mc": 64, "nc": 256, "order": "ij"}]
+    [m] = clipped.mapped
+    assert len(m.ints) == 3 and sorted(x for x in m.metrics) == [1.0, 2.0, 4.0]
+    plain = WarmStart(space, [Source("recorded", rows)], early=3)
+    assert [c.as_dict() for c in plain.seeds()] == [{"mc": 128, "nc": 512, "order": "ji"},
+                                                     {"mc": 64, "nc": 256, "order": "ij"}]
+    assert plain.mapped[0].metrics == [3.0, 4.0]
+
+
+def test_records_sources_clip(tmp_path):
+    from planforge.spec.records import Records
+    from planforge.warmstart import records_sources
+
+    with Records(tmp_path / "r.db") as db:
+        db.add("run", "wl", "gemm_256x64x64_none", "dev", "f0", {"mc": 256, "nc": 64}, Outcome("measured", None, (1.0,)), 1)
+        [s] = records_sources(db, ["mc", "nc"])
+    assert s.clip
+    space = Space([pow2("mc", 8, 128), pow2("nc", 64, 64)])
+    assert [c.as_dict() for c in WarmStart(space, [s]).seeds()] == [{"mc": 128, "nc": 64}]

@@ -53,7 +53,9 @@ def records_sources(db: Records, names: Sequence[str], task: str | None = None, 
         if (op is not None and r.task.split("_", 1)[0] != op) or (r.task, r.target) in skip:
             continue
         groups.setdefault((r.task, r.target), []).append((r.candidate, r.outcome.metric))
-    return [Source(f"{t} on {fp}", rows, f"task {t} measured on device {fp}") for (t, fp), rows in groups.items()]
+    # a block that exceeds the target's extent (another shape's) is read as the target's largest (clip)
+    return [Source(f"{t} on {fp}", rows, f"task {t} measured on device {fp}", clip=True)
+            for (t, fp), rows in groups.items()]
 
 
 def load_sources(paths: Sequence[str | os.PathLike], names: Sequence[str] | None = None,

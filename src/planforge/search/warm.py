@@ -48,6 +48,9 @@ class Source:
     label: str
     rows: list[tuple[dict[str, Any], float | None]]
     note: str = ""  # where it came from, for the summary (another device, another shape)
+    # read a numeric value above its knob's largest as that largest (``points_of``): set for planforge's own
+    # records, whose blocks are bounded by the shape they were tuned at, not for recorded spaces of other tools
+    clip: bool = False
 
     @property
     def names(self) -> frozenset[str]:
@@ -68,15 +71,47 @@ def value_index(space: Space) -> list[dict[Any, int]]:
     return [{v: i for i, v in enumerate(k.values)} for k in space.knobs]
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def clip_index(space: Space, lookup: list[dict[Any, int]]) -> list[tuple[float, int] | None]:
+    """Per knob whose values are all numbers: (its largest value, that value's index); None for the others."""
+    out: list[tuple[float, int] | None] = []
+    for k in space.knobs:
+        vals = list(k.values)
+        if vals and all(_number(v) for v in vals):
+            top = max(vals)
+            out.append((top, lookup[len(out)][top]))
+        else:
+            out.append(None)
+    return out
+
+
 def points_of(space: Space, rows: Iterable[tuple[Mapping[str, Any], float | None]],
-              lookup: list[dict[Any, int]] | None = None) -> dict[int, float | None]:
+              lookup: list[dict[Any, int]] | None = None, clip: bool = False) -> dict[int, float | None]:
     """``(config, metric)`` rows as valid points of ``space`` (mixed-radix integers) -> metric; a configuration
-    with a value the space lacks, or outside its restrictions, is left out; one measured twice keeps its best."""
+    with a value the space lacks, or outside its restrictions, is left out; one measured twice keeps its best.
+    ``clip``: a numeric value above the largest of its knob (another shape's block that exceeds this shape's
+    extent, e.g. ``mc = 256`` where M = 128 stops the knob at 128) is read as that largest value, so that the
+    source's best is proposed as its twin that fits rather than dropped; the twins that coincide with each
+    other or with a point the source measured itself are one point, which keeps the best metric."""
     lookup = lookup or value_index(space)
+    tops = clip_index(space, lookup) if clip else [None] * len(space.knobs)
     best: dict[int, float | None] = {}
     for cfg, m in rows:
         try:
-            idx = tuple(lookup[i][cfg[k.name]] for i, k in enumerate(space.knobs))
+            idx = []
+            for i, k in enumerate(space.knobs):
+                v = cfg[k.name]
+                j = lookup[i].get(v)
+                if j is None:
+                    top = tops[i]
+                    if top is None or not _number(v) or not v > top[0]:
+                        raise KeyError(k.name)
+                    j = top[1]
+                idx.append(j)
+            idx = tuple(idx)
         except (KeyError, TypeError):
             continue
         if not space.is_valid_index(idx):
@@ -118,7 +153,7 @@ class WarmStart:
                 self.skipped[s.label] = (f"its knobs ({', '.join(sorted(s.names))}) are not this space's "
                                          f"({', '.join(space.names)})")
                 continue
-            best = points_of(space, s.rows, lookup)
+            best = points_of(space, s.rows, lookup, clip=s.clip)
             if not best:
                 self.skipped[s.label] = "none of its configurations is a valid point of this space"
                 continue
