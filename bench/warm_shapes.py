@@ -72,11 +72,12 @@ def drift(cold_db: Path, warm_db: Path) -> dict | None:
 
 def measured_order(db: Path) -> list[tuple[int, str, dict]]:
     """(evaluation, fingerprint, configuration) of every measurement of the run in ``db``, in the order it measured
-    them (failures included: they are evaluations too)."""
+    them (failures included: they are evaluations too; what the funnel rejected unmeasured, evaluation 0, is not)."""
     from planforge.spec.records import Records
 
     with Records(db) as r:
-        return [(x.evaluation, x.fingerprint, x.candidate) for x in r.records()]
+        return [(x.evaluation, x.fingerprint, x.candidate) for x in r.records()
+                if x.evaluation > 0 and x.outcome.status != "rejected"]
 
 
 def interleave(a: list, b: list) -> list:

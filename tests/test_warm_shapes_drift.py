@@ -41,6 +41,8 @@ def test_remeasure_protocol_interleaves_and_scores_against_remeasured_times(tmp_
     cold, warm = tmp_path / "cold.db", tmp_path / "warm.db"
     write(cold, {"a": 5.0, "b": 1.0, "c": None})
     write(warm, {"x": 9.0, "c": 9.0, "b": 9.0})
+    with Records(cold) as r:  # what the funnel rejected unmeasured is no evaluation
+        r.add("r0", "gemm:8x8x8", "t0", "cpu", "z", {"tile": "z"}, Outcome.rejected("cut by the funnel"), 0)
     order_c, order_w = ws.measured_order(cold), ws.measured_order(warm)
     assert [fp for _, fp, _ in order_c] == ["a", "b", "c"] and [n for n, _, _ in order_w] == [1, 2, 3]
     # scored against the re-measured times, not the runs' own: c (failed in the cold run) now counts for warm
