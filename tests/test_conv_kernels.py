@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from planforge.ops.kernel import ProblemError
-from planforge.targets.cpu.templates import TEMPLATES, Problem, default_knobs, limits, make_inputs, reference
+from planforge.targets.cpu.templates import TEMPLATES, Problem, default_knobs, limits, make_inputs, output_shape, \
+    reference
 from test_cpu_kernels import assert_all_correct
 
 
@@ -120,3 +121,42 @@ def test_channel_blocks_outermost_match_the_reference(ob, cb, threads, profile):
     deep = Problem("conv", dims(1, 512, 3, 3, 512, 3, 1, 1), "nhwc/wb/relu")
     shallow = Problem("conv", dims(1, 16, 24, 24, 16, 3, 1, 1), "nhwc/wb/relu")
     assert default_knobs(deep, lim)["order"] == 1 and default_knobs(shallow, lim)["order"] == 0
+
+
+def _bound(p, profile, seed):
+    """Problem ``p`` at its first setting, compiled and bound to its own random inputs: (step, out, reference)."""
+    import ctypes
+
+    from planforge.targets.cpu.build import build
+
+    t = TEMPLATES[p.op]
+    knobs = dict(default_knobs(p, limits(profile)), threads=1)
+    lib = ctypes.CDLL(str(build(t.source(p, knobs), t.openmp(knobs)).path))
+    inp = make_inputs(p, seed=seed)
+    out = np.zeros(output_shape(p), np.float32)
+    return t.bind(lib, p, knobs, inp, out), out, reference(p, inp)
+
+
+def test_steps_sharing_one_scratch_buffer_stay_correct(profile):
+    """Steps of other geometries share one scratch buffer (``templates.scratch.share``, as a plan's steps do):
+    each writes its own zero borders and padded channels on every call, so a buffer left full of NaN by
+    anything else changes no result (a 3x3 with padding, an NCHW step with a residual, a depthwise step whose
+    channels are padded to the vector width, a 1x1 without padding)."""
+    from planforge.targets.cpu.templates.scratch import share
+
+    problems = [Problem("conv", dims(1, 5, 9, 10, 7, 3, 1, 1), "nhwc/wb/relu"),
+                Problem("conv", dims(1, 9, 8, 8, 11, 3, 2, pads=(0, 1, 1, 0)), "nchw/packed/relu_add"),
+                Problem("dwconv", dims(1, 21, 10, 7, 21, 3, 1, 1, 1, 21), "nchw/wb/relu6"),
+                Problem("conv", dims(1, 33, 5, 7, 17, 1), "nhwc/w/none")]
+    bound = [_bound(p, profile, i) for i, p in enumerate(problems)]
+    buf = share(f for f, _, _ in bound)
+    assert buf is not None and buf.size == max(f.scratch.floats for f, _, _ in bound)
+    for _ in range(2):
+        for f, out, ref in bound:
+            buf[:] = np.nan
+            out[...] = np.nan
+            f()
+            assert np.isfinite(out).all()
+            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="at least"):
+        bound[0][0].scratch.point(np.zeros(1, np.float32))

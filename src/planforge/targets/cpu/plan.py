@@ -19,6 +19,7 @@ import numpy as np
 from ...ir import Graph
 from ...ops import LIBRARIES, REGISTRY
 from .templates import TEMPLATES
+from .templates.scratch import share
 
 ALIGN = 16  # floats: 64-byte aligned slots
 U32 = 2.0**-24
@@ -174,6 +175,8 @@ class Plan:
             if c not in views or c in alias or s["op"] in ("T.input",):
                 continue
             self.steps.append(self._bind(s, by_cls, const, views, libs, problems))
+        # the steps run one after the other: their scratch (a convolution's padded input copy) is one buffer
+        self.scratch = share(self.steps)
 
     @staticmethod
     def _flatten_pairs(outs, by_cls):
@@ -358,6 +361,12 @@ class ChainPlan:
         self._names = list(graph.inputs)
         self._outputs = list(graph.outputs)
         self.output_classes = list(graph.outputs)
+        # the parts run one after the other too: one scratch buffer for every step of the chain, so that a whole
+        # call touches one step's worth of scratch (warm in the caches), not a copy per convolution
+        self.scratch = share(f for p, _, _ in self.parts for f in getattr(p, "steps", ()))
+        for p, _, _ in self.parts:
+            if getattr(p, "scratch", None) is not None:
+                p.scratch = self.scratch
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         if len(inputs) != len(self._names):

@@ -37,6 +37,7 @@ from ....space import Space, categorical, pow2
 from .common import header, struct_call
 from .epilogues import U32
 from .facts import Facts
+from .scratch import Scratch
 
 
 # floats past the end of every packed buffer: a tile's last vectors may read (never use) up to 4 x 16 beyond
@@ -170,14 +171,22 @@ static void tr(const float *restrict s, float *restrict d, int rows, int cols, l
         }
 }
 
-/* the input into the zero-bordered NHWC scratch (channels padded to CP): padding and layout in one pass */
+/* the input into the zero-bordered NHWC scratch (channels padded to CP): padding and layout in one pass. The
+   borders (and the padded channels) are written on every call: the scratch is shared by the steps of a plan
+   (``Plan``'s workspace), each with its own geometry, so none of its zeros survive another step's call */
 static void copy_in(const float *x, float *xp, int threads) {
 #ifdef _OPENMP
     #pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (threads > 1)
 #endif
     for (int n = 0; n < N; n++)
-        for (int h = 0; h < H; h++) {
-            float *dst = xp + (((long)n * HP + h + PT) * WP + PL) * CP;
+        for (int hp = 0; hp < HP; hp++) {
+            float *line = xp + ((long)n * HP + hp) * WP * CP;
+            int h = hp - PT;
+            if (h < 0 || h >= H) { memset(line, 0, (size_t)WP * CP * sizeof(float)); continue; }
+            if (PL) memset(line, 0, (size_t)PL * CP * sizeof(float));
+            if (WP > PL + W) memset(line + (long)(PL + W) * CP, 0, (size_t)(WP - PL - W) * CP * sizeof(float));
+            float *dst = line + (long)PL * CP;
+            if (CP != C) memset(dst, 0, (size_t)W * CP * sizeof(float));
             if (NCHW) {
                 tr(x + (long)n * C * H * W + (long)h * W, dst, C, W, (long)H * W, CP);
             } else if (CP == C) {
@@ -433,16 +442,20 @@ def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
             sh[k * ogp: k * ogp + Og] = shift[k * Og:(k + 1) * Og]
     owp = -(-g["OW"] // knobs["owb"]) * knobs["owb"]
     wpad = max(g["W"] + g["PL"] + g["PR"], (owp - 1) * g["SW"] + (KW - 1) * g["DW"] + 1)
-    xp = np.zeros(N * (g["H"] + g["PT"] + g["PB"]) * wpad * cp + SLACK, np.float32)
     layout, _, steps = conv_epilogue(p)
     nchw = layout == "nchw"
     res = inputs.get("res")
-    rt = np.empty(out.size, np.float32) if nchw and res is not None else None
-    yt = np.empty(out.size, np.float32) if nchw else None
+    # the step's scratch (the padded input, and for NCHW the residual and the output in NHWC), used only while
+    # it runs: its own buffer here, which a plan re-points into one workspace shared by all its steps
+    need = {"xp": N * (g["H"] + g["PT"] + g["PB"]) * wpad * cp + SLACK,
+            "rt": out.size if nchw and res is not None else 0, "yt": out.size if nchw else 0}
     ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
-    args = ConvArgs(ptr(inputs["x"]), ptr(wp), ptr(sc), ptr(sh), ptr(res), ptr(out), ptr(xp), ptr(rt), ptr(yt),
+    args = ConvArgs(ptr(inputs["x"]), ptr(wp), ptr(sc), ptr(sh), ptr(res), ptr(out), None, None, None,
                     int(knobs.get("cb", 1 << 20)), int(knobs["threads"]), int(knobs.get("order", 0)))
-    return struct_call(lib.pf_conv, args, (inputs, wp, sc, sh, xp, rt, yt, out))
+    scratch = Scratch(args, {k: v for k, v in need.items() if v})
+    run = struct_call(lib.pf_conv, args, (inputs, wp, sc, sh, out, scratch))
+    run.scratch = scratch
+    return run
 
 
 # -- the conv problem's facts ---------------------------------------------------------------------------------------
