@@ -239,3 +239,24 @@ def test_records_sources_clip(tmp_path):
     assert s.clip
     space = Space([pow2("mc", 8, 128), pow2("nc", 64, 64)])
     assert [c.as_dict() for c in WarmStart(space, [s]).seeds()] == [{"mc": 128, "nc": 64}]
+
+
+def test_blocks_that_break_the_target_extent_rule_are_lowered_to_fit():
+    """The CPU GEMM space keeps every block value and bounds it by a rule of the shape (``mc < 2 * m``): another
+    shape's best, mc = 256 at M = 128, is proposed as mc = 128 with its other knobs kept; a configuration that no
+    lowering repairs is left out."""
+    space = Space([pow2("mc", 8, 512), pow2("kc", 32, 256), categorical("par", ("n", "m"))],
+                  restrictions=["mc < 2 * m or mc == 8", "mc * kc <= 16384", "par == 'n' or m >= 64"],
+                  constants={"m": 128})
+    rows = [({"mc": 256, "kc": 64, "par": "n"}, 1.0),    # mc too large for M = 128: lowered to 128 (kc kept)
+            ({"mc": 512, "kc": 256, "par": "n"}, 2.0),   # both broken: mc to 128 (fewest steps), then to 64
+            ({"mc": 32, "kc": 32, "par": "m"}, 3.0)]
+    ws = WarmStart(space, [Source("other shape", rows, clip=True)], early=3)
+    assert [c.as_dict() for c in ws.seeds()] == [{"mc": 128, "kc": 64, "par": "n"}, {"mc": 64, "kc": 256, "par": "n"},
+                                                 {"mc": 32, "kc": 32, "par": "m"}]
+    assert [c.as_dict() for c in WarmStart(space, [Source("plain", rows)], early=3).seeds()] == [
+        {"mc": 32, "kc": 32, "par": "m"}]
+    small = Space(list(space.knobs), restrictions=list(space.restrictions), constants={"m": 16})
+    # at M = 16 no block lowering makes par = 'm' valid: that row is left out, the others fit at mc = 16
+    assert [c.as_dict() for c in WarmStart(small, [Source("other shape", rows, clip=True)]).seeds()] == [
+        {"mc": 16, "kc": 64, "par": "n"}, {"mc": 16, "kc": 256, "par": "n"}]

@@ -88,14 +88,49 @@ def clip_index(space: Space, lookup: list[dict[Any, int]]) -> list[tuple[float, 
     return out
 
 
+def lower_to_fit(space: Space, idx: tuple[int, ...], tops: list[tuple[float, int] | None]) -> tuple[int, ...] | None:
+    """A configuration that breaks ``space``'s restrictions, repaired by lowering its numeric knobs (those with a
+    ``clip_index`` entry): at each step the knob whose smallest lowering breaks fewer restrictions, fewest value
+    steps first (``mc`` from 256 to 128 where ``mc < 2 * m`` and M = 128), until none is broken; None when no
+    lowering helps."""
+    idx = list(idx)
+    names = space.names
+
+    def broken(ix) -> int:
+        return len(space.violations({n: k.values[i] for n, k, i in zip(names, space.knobs, ix)}))
+
+    now = broken(idx)
+    while now:
+        best = None  # (value steps, knob, new index, restrictions broken)
+        for i, top in enumerate(tops):
+            if top is None:
+                continue
+            for j in range(idx[i] - 1, -1, -1):
+                if best is not None and idx[i] - j >= best[0]:
+                    break
+                if space.knobs[i].values[j] > space.knobs[i].values[idx[i]]:
+                    continue  # values need not be sorted: lower means a smaller value
+                trial = idx[:i] + [j] + idx[i + 1:]
+                nb = broken(trial)
+                if nb < now:
+                    best = (idx[i] - j, i, j, nb)
+                    break
+        if best is None:
+            return None
+        idx[best[1]], now = best[2], best[3]
+    return tuple(idx)
+
+
 def points_of(space: Space, rows: Iterable[tuple[Mapping[str, Any], float | None]],
               lookup: list[dict[Any, int]] | None = None, clip: bool = False) -> dict[int, float | None]:
     """``(config, metric)`` rows as valid points of ``space`` (mixed-radix integers) -> metric; a configuration
     with a value the space lacks, or outside its restrictions, is left out; one measured twice keeps its best.
-    ``clip``: a numeric value above the largest of its knob (another shape's block that exceeds this shape's
-    extent, e.g. ``mc = 256`` where M = 128 stops the knob at 128) is read as that largest value, so that the
-    source's best is proposed as its twin that fits rather than dropped; the twins that coincide with each
-    other or with a point the source measured itself are one point, which keeps the best metric."""
+    ``clip``: another shape's block that exceeds this shape's extent is read as the largest that fits, so that
+    the source's best is proposed as its twin that fits rather than dropped: a numeric value above the largest
+    of its knob is read as that largest, and a configuration that breaks the restrictions has its numeric knobs
+    lowered until it does not (``lower_to_fit``: ``mc = 256`` -> 128 where ``mc < 2 * m`` and M = 128); the twins
+    that coincide with each other or with a point the source measured itself are one point, which keeps the best
+    metric."""
     lookup = lookup or value_index(space)
     tops = clip_index(space, lookup) if clip else [None] * len(space.knobs)
     best: dict[int, float | None] = {}
@@ -115,7 +150,9 @@ def points_of(space: Space, rows: Iterable[tuple[Mapping[str, Any], float | None
         except (KeyError, TypeError):
             continue
         if not space.is_valid_index(idx):
-            continue
+            idx = lower_to_fit(space, idx, tops) if clip else None
+            if idx is None:
+                continue
         n = space.to_int(idx)
         if n not in best or (m is not None and (best[n] is None or m < best[n])):
             best[n] = m
