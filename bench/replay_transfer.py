@@ -30,7 +30,9 @@ scored with that choice (column ``warm-lofo``).
 the labels ``--default-candidates`` names), with seeds 1000..1000+N-1: per
 family, the candidate worse than random (p50 or p90) on the fewest of the other
 families' spaces, then with the lowest geometric mean of its medians there; the
-held-out family is scored with it (``cold-lofo``). ``--jobs`` runs the runs in
+held-out family is scored with it (``cold-lofo``). ``--choose-first F`` starts
+the choosing seeds of both at F instead of 1000 (fresh seeds for a choice that
+earlier choosing seeds must not inform). ``--jobs`` runs the runs in
 forked worker processes; ``--no-optuna --optuna-from EARLIER.json`` reuses an
 earlier run's Optuna figures as a cold peer instead of re-running Optuna.
 
@@ -89,6 +91,12 @@ DEFAULTS = {
                                            "arm_options": {"thompson": {"global_every": 2}}}),
     "bandit:thompson-global6": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
                                            "arm_options": {"thompson": {"global_every": 6}}}),
+    # issue 20, third round: the global step's period chosen on fresh choosing seeds (--choose-first 2000) among
+    # a grid declared before any of them ran (3 is today's auto)
+    "bandit:thompson-global4": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
+                                           "arm_options": {"thompson": {"global_every": 4}}}),
+    "bandit:thompson-global9": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
+                                           "arm_options": {"thompson": {"global_every": 9}}}),
     "thompson": ("thompson", {}),
     "thompson:wide": ("thompson", {"radius": 3, "global_every": 2}),
 }
@@ -207,12 +215,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hub", type=Path, default=HUB)
     ap.add_argument("--seeds", type=int, default=50, help="scoring seeds 0..S-1 (default 50)")
-    ap.add_argument("--choose", type=int, default=0, help="seeds (1000..) for choosing early, leave one family "
-                                                          "out (default 0: no choice, EARLY only)")
-    ap.add_argument("--defaults", type=int, default=0, help="seeds (1000..) for choosing the cold default among "
-                                                            "DEFAULTS, leave one family out (default 0: none)")
+    ap.add_argument("--choose", type=int, default=0, help="seeds (1000.., see --choose-first) for choosing early, "
+                    "leave one family out (default 0: no choice, EARLY only)")
+    ap.add_argument("--defaults", type=int, default=0, help="seeds (1000.., see --choose-first) for choosing the cold "
+                    "default among DEFAULTS, leave one family out (default 0: none)")
     ap.add_argument("--default-candidates", default="", help="with --defaults: the DEFAULTS labels to choose "
                                                                "among, joined by commas (default: all)")
+    ap.add_argument("--choose-first", type=int, default=1000, help="the first choosing seed of --choose and "
+                    "--defaults (default 1000; must be at least --seeds, so that no choosing seed scores)")
     ap.add_argument("--budget", type=int, default=1000)
     ap.add_argument("--no-optuna", action="store_true", help="leave out the Optuna peer")
     ap.add_argument("--peer-seeds", type=int, default=None, help="seeds 0..P-1 for the Optuna peer (default: "
@@ -226,6 +236,9 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--checkpoint", type=Path)
     args = ap.parse_args(argv)
+    if args.choose_first < args.seeds:
+        ap.error(f"--choose-first {args.choose_first}: the choosing seeds would overlap the scoring seeds "
+                 f"0..{args.seeds - 1}")
     t0 = time.time()
     fams = families(args.hub)
     replays = {}
@@ -252,7 +265,7 @@ def main(argv=None) -> int:
     chosen = {fam: EARLY for fam in fams}
     choice_table = {}
     if args.choose:
-        cseeds = range(1000, 1000 + args.choose)
+        cseeds = range(args.choose_first, args.choose_first + args.choose)
         med = {(lb, e): float(np.median([run.evals(lb, "warm:auto", s, e) for s in cseeds])) for lb in labels
                for e in grid}
         for fam in fams:
@@ -271,7 +284,7 @@ def main(argv=None) -> int:
         ap.error(f"--default-candidates: unknown {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
     candidates = {d: DEFAULTS[d] for d in args.default_candidates.split(",") if d} or DEFAULTS
     if args.defaults:
-        dseeds = range(1000, 1000 + args.defaults)
+        dseeds = range(args.choose_first, args.choose_first + args.defaults)
         run.prefetch(args.jobs, [(lb, m, s, EARLY) for lb in labels for m in ["random", *(f"default:{d}" for d in candidates)]
                                  for s in dseeds])
         med, p90 = {}, {}
@@ -354,7 +367,7 @@ def main(argv=None) -> int:
            "peer_seeds": len(peer_seeds), "optuna_skip": sorted(skip),
            "choose_seeds": args.choose, "early_default": EARLY, "early_grid": grid, "early_choice": choice_table,
            "defaults": {k: list(v) for k, v in DEFAULTS.items()}, "default_choice": default_table,
-           "choose_default_seeds": args.defaults, "tolerance": TOLERANCE, "wall_s": round(time.time() - t0), "cpu_s": cpu, "summary": summary,
+           "choose_default_seeds": args.defaults, "choose_first_seed": args.choose_first, "tolerance": TOLERANCE, "wall_s": round(time.time() - t0), "cpu_s": cpu, "summary": summary,
            "spaces": rows, "command": " ".join(sys.argv)}
     print(json.dumps(summary, indent=1))
     if args.json:
