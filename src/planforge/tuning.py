@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from . import __version__
 from .costmodel import spearman
+from .costmodel.calibrated import PerStratum
 from .costmodel.funnel import Analytic, Funnel, pruned_fraction
 from .costmodel.learned import history
 from .l2 import L2Settings, task_phase, trigger as l2_trigger
@@ -354,11 +355,19 @@ def _task_search(db: Records, run_id: str, workload: Workload, task: Task, strat
         firsts = format_firsts(space, max(2, (budget.evals or 16) // 3))
         if len(firsts) > 1:
             options = {**options, "initial": firsts}
+    # each format's roofline is corrected by its own measurements as they arrive, so that after the firsts the
+    # search ranks the formats as they ran (one correction per device fingerprint)
+    calibrated: dict[str, PerStratum] = {}
+
+    def model_for(target: str):
+        if FORMAT_KNOB not in space.names or not isinstance(task.cost_model, Analytic):
+            return task.cost_model
+        return calibrated.setdefault(target, PerStratum(task.cost_model, step_format))
 
     def strategy_for(target: str) -> Strategy:
         # each device fingerprint's search: the same strategy and seed, its own state, its own warm start
         warm = warm_on(space, target)
-        strat = make_strategy(strategy, space, seed, budget=hint, cost_model=task.cost_model, warm=warm, **options)
+        strat = make_strategy(strategy, space, seed, budget=hint, cost_model=model_for(target), warm=warm, **options)
         # learned models start from this template's earlier runs on this device (a no-op for the others),
         # less the tasks the warm start hands them already (one query group each, not two)
         given = {lbl.rsplit(" on ", 1)[0] for lbl in (warm.labels if warm else ()) if lbl.endswith(f" on {target}")}
@@ -370,6 +379,9 @@ def _task_search(db: Records, run_id: str, workload: Workload, task: Task, strat
         return db.outcomes(run_id, task.key, target)
 
     def record(trial: Trial, target: str | None = None) -> None:
+        model = calibrated.get(target or driver)
+        if model is not None and trial.outcome.ok:
+            model.observe(trial.candidate, trial.outcome.metric)
         if not trial.cached:
             db.add(run_id, workload.manifest.key, task.key, target or driver, trial.candidate.fingerprint,
                    trial.candidate.as_dict(), trial.outcome, trial.n)
