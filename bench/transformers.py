@@ -249,15 +249,17 @@ def _label(step: dict) -> str:
     return f"{step['op'][:4]} {' '.join(a for a in step['args'] if a)} {shape} t{knobs.get('threads', '?')}"
 
 
-def profile(plan, xs, reps: int = 200) -> list[tuple[str, float, float, int]]:
-    """Each step of a loaded plan timed alone (median over ``reps`` calls, after one full run on ``xs`` fills the
-    arenas) and inside whole calls (median over ``reps // 4`` calls of the plan, each step timed where it runs:
-    its weights then come from wherever the rest of the forward left them), summed per kind:
-    ``[(kind, alone s, in-chain s, steps)]`` per forward, largest in-chain first."""
+def profile(plan, xs, reps: int = 200, cold_reps: int = 3) -> list[tuple[str, float, float, float, int]]:
+    """Each step of a loaded plan timed alone with hot caches (median over ``reps`` calls, after one full run on
+    ``xs`` fills the arenas), alone with cold caches (median over ``cold_reps`` calls, each after writing 256 MB)
+    and inside whole calls (median over ``reps // 4`` calls of the plan, each step timed where it runs: its
+    weights then come from wherever the rest of the forward left them), summed per kind:
+    ``[(kind, alone hot s, in-chain s, alone cold s, steps)]`` per forward, largest in-chain first."""
     inner = plan.plan
     parts = [p for p, _, _ in inner.parts] if hasattr(inner, "parts") else [inner]
     plan(*xs)
-    rows = []  # (kind, alone, [in-chain times])
+    junk = np.ones(64 * 2**20, np.float32)  # 256 MB: more than the last-level cache
+    rows = []  # (kind, alone, [in-chain times], cold)
     for part in parts:
         bound = [s for s in part.program if s["cls"] in part.views and s["op"] != "T.input"
                  and not (s["op"] == "lib1" and s["args"][0] == "reshape" and s["inputs"][0] not in part.constants)]
@@ -268,8 +270,14 @@ def profile(plan, xs, reps: int = 200) -> list[tuple[str, float, float, int]]:
                 t0 = time.perf_counter()
                 f()
                 ts.append(time.perf_counter() - t0)
+            cold = []
+            for _ in range(cold_reps):
+                junk += 1.0
+                t0 = time.perf_counter()
+                f()
+                cold.append(time.perf_counter() - t0)
             chained: list[float] = []
-            rows.append((_label(s), statistics.median(ts), chained))
+            rows.append((_label(s), statistics.median(ts), chained, statistics.median(cold)))
 
             def timed(f=f, out=chained):
                 t0 = time.perf_counter()
@@ -279,12 +287,13 @@ def profile(plan, xs, reps: int = 200) -> list[tuple[str, float, float, int]]:
     for _ in range(max(reps // 4, 5)):
         plan.plan(*xs)
     per: dict[str, list] = {}
-    for k, alone, chained in rows:
-        e = per.setdefault(k, [0.0, 0.0, 0])
+    for k, alone, chained, cold in rows:
+        e = per.setdefault(k, [0.0, 0.0, 0.0, 0])
         e[0] += alone
         e[1] += statistics.median(chained)
-        e[2] += 1
-    return sorted(((k, a, c, n) for k, (a, c, n) in per.items()), key=lambda r: -r[2])
+        e[2] += cold
+        e[3] += 1
+    return sorted(((k, a, c, d, n) for k, (a, c, d, n) in per.items()), key=lambda r: -r[2])
 
 
 def fmt(s: float) -> str:
@@ -315,7 +324,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--reuse", action="store_true", help="time the plan an earlier run wrote under --out (no tuning)")
     ap.add_argument("--profile", action="store_true",
-                    help="time each step of the plan an earlier run wrote under --out, alone, summed per kind")
+                    help="time each step of the plan an earlier run wrote under --out: alone hot, alone cold and in whole calls, "
+                         "summed per kind")
     a = ap.parse_args()
     if a.profile:
         import planforge
@@ -328,11 +338,12 @@ def main() -> None:
             xs = [x.numpy() for x in args]
             whole = time_all({"plan": lambda: plan(*xs)}, 3, 0.3)["plan"]
             rows = profile(plan, xs)
-            alone, chained = sum(r[1] for r in rows), sum(r[2] for r in rows)
-            print(f"\n{name}: whole call {fmt(whole)}; steps alone sum to {fmt(alone)}, in the chain to "
-                  f"{fmt(chained)} (load {os.getloadavg()[0]:.1f})\n       alone    in chain  share  steps  kind")
-            for k, a1, c1, n in rows:
-                print(f"  {fmt(a1):>10}  {fmt(c1):>10}  {100 * c1 / chained:5.1f}%  x{n:<4} {k}")
+            alone, chained, cold = (sum(r[i] for r in rows) for i in (1, 2, 3))
+            print(f"\n{name}: whole call {fmt(whole)}; steps alone sum to {fmt(alone)} hot, {fmt(cold)} cold, in the "
+                  f"chain to {fmt(chained)} (load {os.getloadavg()[0]:.1f})\n"
+                  "   alone hot  alone cold    in chain  share  steps  kind")
+            for k, a1, c1, d1, n in rows:
+                print(f"  {fmt(a1):>10}  {fmt(d1):>10}  {fmt(c1):>10}  {100 * c1 / chained:5.1f}%  x{n:<4} {k}")
         return
     rows = []
     for name in a.models.split(","):
