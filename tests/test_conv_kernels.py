@@ -160,3 +160,32 @@ def test_steps_sharing_one_scratch_buffer_stay_correct(profile):
             np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="at least"):
         bound[0][0].scratch.point(np.zeros(1, np.float32))
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+@pytest.mark.parametrize("at, shape", [
+    (dict(kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1)), (1, 5, 11, 13)),     # ResNet's stem pool, odd sizes
+    (dict(kernel=(2, 3), stride=(1, 3), pads=(0, 1, 1, 0)), (2, 3, 7, 10)),      # asymmetric padding
+    (dict(kernel=(3, 3), stride=(2, 2), dilation=(2, 2), pads=(2, 2, 2, 2)), (1, 17, 9, 9)),
+    (dict(kernel=(3, 3), stride=(2, 2), ceil_mode=True), (1, 4, 8, 8)),          # windows past the input
+])
+def test_compiled_max_pool_matches_the_reference(nhwc, at, shape):
+    """The max pool library steps run one compiled pass (templates/maxpool.py): exact against the reference on
+    odd geometries in both layouts, NaN propagating as ``np.maximum`` does, and native (a lean chain calls it)."""
+    from planforge.ops import LIBRARIES
+    from planforge.ops.pool import max_ref, out_hw
+
+    at = {"dilation": (1, 1), "ceil_mode": False, **at}
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    x[0, 0, 2, 2] = np.nan
+    ref = max_ref([x], at)
+    oh, ow = out_hw(shape, at)
+    _, lib = LIBRARIES["maxpool2d_nhwc" if nhwc else "maxpool2d"]
+    xin = np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if nhwc else x
+    out = np.full((shape[0], oh, ow, shape[1]) if nhwc else (shape[0], shape[1], oh, ow), 7.0, np.float32)
+    f = lib.step([xin], out, at)
+    assert getattr(f, "native", None) is not None
+    f()
+    got = out.transpose(0, 3, 1, 2) if nhwc else out
+    assert np.isnan(ref).any() and (np.isnan(got) == np.isnan(ref)).all()
+    np.testing.assert_array_equal(got[~np.isnan(ref)], ref[~np.isnan(ref)])

@@ -105,6 +105,12 @@ def avg_ref(a, attrs):
 def _step(kind, nhwc=False):
     def step(ins, out, attrs):
         x = ins[0]
+        if kind == "max":  # one compiled pass where there is a compiler (targets/cpu/templates/maxpool.py)
+            from ..targets.cpu.templates import maxpool
+
+            fast = maxpool.bind(x, out, _geom(attrs), nhwc)
+            if fast is not None:
+                return fast
         oh, ow = (out.shape[1], out.shape[2]) if nhwc else (out.shape[2], out.shape[3])
         xp, inner = _padded(x.astype(np.float32, copy=False), attrs, oh, ow, -np.inf if kind == "max" else 0.0, nhwc)
         views = list(_windows(xp, attrs, oh, ow, nhwc))
@@ -125,6 +131,11 @@ def _step(kind, nhwc=False):
 
         return run
     return step
+
+
+def _passes(kind):
+    """Calls a step makes: the compiled max pool one, the numpy average pool one per window tap (9 for 3x3)."""
+    return (lambda at: 1) if kind == "max" else (lambda at: 9)
 
 
 def _egg(attrs):
@@ -217,13 +228,13 @@ def _layout(E, v):
 
 NHWC_OPS = [
     Op(f"{k}pool2d_nhwc", 1, _nhwc_shape, _nhwc(ref), library={f"{k}pool2d_nhwc": Library(_step(k, True),
-                                                                                           passes=lambda at: 9)},
+                                                                                           passes=_passes(k))},
        egg_attr=_egg, from_egg=_from_egg, flops=_flops, internal=True, rules=_layout if k == "max" else None,
        doc=f"2-D {k} pooling of an NHWC input (the layout rules' form)")
     for k, ref in (("max", max_ref), ("avg", avg_ref))]
 
 OPS = NHWC_OPS + [
-    Op("maxpool2d", 1, shape, max_ref, library={"maxpool2d": Library(_step("max"), passes=lambda at: 9)},
+    Op("maxpool2d", 1, shape, max_ref, library={"maxpool2d": Library(_step("max"), passes=_passes("max"))},
        egg_attr=_egg, from_egg=_from_egg, flops=_flops,
        torch={"max_pool2d": _torch("max"), "max_pool2d_with_indices": _torch("max")},
        onnx={"MaxPool": _onnx("max"), "GlobalMaxPool": _onnx("max")}, doc="2-D max pooling (NCHW)"),
