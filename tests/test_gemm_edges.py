@@ -49,3 +49,18 @@ def test_edges_are_vector_code():
     src = gemm.source(knobs, "bias")
     for r, n in [(1, 3), (2, 3), (3, 3), (4, 1), (4, 2), (1, 1), (1, 2)]:
         assert f"uk_{r}_{n}(" in src
+
+
+def test_small_gemms_stay_on_one_thread(profile):
+    """A GEMM that one thread does in about one wake-up of a sleeping OpenMP team may not take more threads; one
+    four times past the threshold may."""
+    lim = limits(profile)
+    knobs = dict(vec=_vec(profile), mr=4, nv=1, unroll=1, pack_a=0, pack_b=0, order="ji", mc=16, kc=32, nc=64,
+                 threads=2, par="n")
+    M, N = 16, 64
+    small_k = gemm.PAR_MACS_PER_LANE * lim.vector_lanes // (2 * M * N)
+    small = gemm.space(M, N, small_k, lim)
+    assert any("par_macs" in v for v in small.violations(knobs)), small.violations(knobs)
+    assert not any("par_macs" in v for v in small.violations({**knobs, "threads": 1}))
+    big = gemm.space(M, N, 8 * small_k, lim)
+    assert not any("par_macs" in v for v in big.violations(knobs))

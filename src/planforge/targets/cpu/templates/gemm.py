@@ -29,6 +29,14 @@ from .facts import Facts
 
 
 
+# Multiply-adds per fp32 vector lane below which a GEMM runs on one thread. With idle OpenMP threads asleep
+# (planforge's default) every multi-threaded call wakes the team: 10-15 us on the 2-core machine under load, where
+# 17x192x192 (0.63 M MACs) took 14-17 us on one thread at 16 lanes and 30 us on two, and tuned plans whose small
+# GEMMs ran on two threads took 12.9 against 9.6 ms a call (ViT-tiny) with them on one. 2**16 per lane is about
+# 10 us of one core's FMA throughput at ~3 GHz and ~70% of peak.
+PAR_MACS_PER_LANE = 2 ** 16
+
+
 class GemmArgs(ctypes.Structure):
     _fields_ = [("A", ctypes.c_void_p), ("B", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("C", ctypes.c_void_p),
                 ("M", ctypes.c_int), ("N", ctypes.c_int), ("K", ctypes.c_int), ("mc", ctypes.c_int),
@@ -70,9 +78,11 @@ def space(M: int, N: int, K: int, profile) -> Space:
             "nc < 2 * n or nc == 64",
             "mc % mr == 0 or mc < mr",
             "threads == 1 or par == 'n' or m >= 2 * mr",
+            # a GEMM that one thread does in about one wake-up of a sleeping OpenMP team stays on one thread
+            "threads == 1 or m * n * k >= par_macs",
             "threads > 1 or par == 'n'",
         ],
-        constants={"m": M, "n": N, "k": K, "vregs": profile.vector_registers,
+        constants={"m": M, "n": N, "k": K, "vregs": profile.vector_registers, "par_macs": PAR_MACS_PER_LANE * lanes,
                    "l1_bytes": profile.caches["L1d"], "l2_bytes": profile.caches["L2"],
                    "l3_bytes": profile.caches.get("L3", profile.caches["L2"])},
     )
