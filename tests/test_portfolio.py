@@ -178,3 +178,17 @@ def test_thompson_rejects_an_empty_trust_region_setting():
     for bad in ({"global_every": 0}, {"top": 0}, {"radius": 0}):
         with pytest.raises(ValueError, match=r"setting \w+ must be in \[1, inf\], got 0"):  # checked by its settings
             make_strategy("thompson", space, 0, **bad)
+
+
+def test_auto_portfolio_sets_thompson_global_step_only_where_it_runs():
+    """auto's bandit runs thompson with its global step every 6th proposal (issue 20, chosen leave one family out
+    on fresh seeds); a user's arms without thompson get no stray thompson setting, and a user's own arm_options
+    replace auto's."""
+    from planforge.search.registry import AUTO_PORTFOLIO
+
+    space = Space([int_range("a", 0, 40), int_range("b", 0, 40)])
+    auto = make_strategy("auto", space, budget=10)
+    assert auto.arms["thompson"].global_every == AUTO_PORTFOLIO["arm_options"]["thompson"]["global_every"] == 6
+    assert make_strategy("auto", space, budget=10, arms="genetic+annealing").name == "bandit"
+    own = make_strategy("auto", space, budget=10, arm_options={"thompson": {"global_every": 2}})
+    assert own.arms["thompson"].global_every == 2
