@@ -97,6 +97,12 @@ DEFAULTS = {
                                            "arm_options": {"thompson": {"global_every": 4}}}),
     "bandit:thompson-global9": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
                                            "arm_options": {"thompson": {"global_every": 9}}}),
+    # ... and, beside the global step every 6th, how hard thompson's model steers away from failures (a
+    # failure told as the slowest measured log-time plus fail_penalty; 1 by default)
+    "bandit:thompson-global6-fail0.3": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
+                                                   "arm_options": {"thompson": {"global_every": 6, "fail_penalty": 0.3}}}),
+    "bandit:thompson-global6-fail3": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
+                                                 "arm_options": {"thompson": {"global_every": 6, "fail_penalty": 3.0}}}),
     "thompson": ("thompson", {}),
     "thompson:wide": ("thompson", {"radius": 3, "global_every": 2}),
 }
