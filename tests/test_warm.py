@@ -256,6 +256,9 @@ def test_blocks_that_break_the_target_extent_rule_are_lowered_to_fit():
                                                  {"mc": 32, "kc": 32, "par": "m"}]
     assert [c.as_dict() for c in WarmStart(space, [Source("plain", rows)], early=3).seeds()] == [
         {"mc": 32, "kc": 32, "par": "m"}]
+    # models take only what the source ran as it is: a twin's time was measured at another block
+    assert ws.rows() == [("other shape", {"mc": 32, "kc": 32, "par": "m"}, 3.0)]
+    assert list(ws.rows().points["other shape"].values()) == [3.0]
     small = Space(list(space.knobs), restrictions=list(space.restrictions), constants={"m": 16})
     # at M = 16 no block lowering makes par = 'm' valid: that row is left out, the others fit at mc = 16
     assert [c.as_dict() for c in WarmStart(small, [Source("other shape", rows, clip=True)]).seeds()] == [

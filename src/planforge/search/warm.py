@@ -64,6 +64,9 @@ class _Mapped:
     metrics: list[float | None]  # their metrics in the source
     rank: dict[int, float] = field(default_factory=dict)  # point -> rank in [0, 1], failures 1
     order: list[int] = field(default_factory=list)  # measured points, best first
+    # the points the source measured as they are (no clipped twins): what models take as rows, since a model
+    # that reads a row at the source's own shape must not be told that a twin it never ran took that time
+    exact: dict[int, float | None] = field(default_factory=dict)
 
 
 def value_index(space: Space) -> list[dict[Any, int]]:
@@ -194,7 +197,8 @@ class WarmStart:
             if not best:
                 self.skipped[s.label] = "none of its configurations is a valid point of this space"
                 continue
-            mp = _Mapped(s.label, np.array(list(best), dtype=np.int64), list(best.values()))
+            mp = _Mapped(s.label, np.array(list(best), dtype=np.int64), list(best.values()),
+                         exact=points_of(space, s.rows, lookup) if s.clip else best)
             ok = sorted((m, n) for n, m in best.items() if m is not None)
             mp.order = [n for _, n in ok]
             denom = max(len(ok) - 1, 1)
@@ -227,13 +231,14 @@ class WarmStart:
 
     # -- (b) rows for models ----------------------------------------------------------
     def rows(self) -> list[tuple[str, dict[str, Any], float | None]]:
-        """``(source label, config, metric)`` for every mapped point, one group per source (made once)."""
+        """``(source label, config, metric)`` for every point a source measured as it is, one group per source
+        (made once); clipped twins are early proposals and ranks only."""
         if self._rows is None:
             names, knobs = self.space.names, self.space.knobs
             self._rows = Rows((m.label, {nm: k.values[i] for nm, k, i in zip(names, knobs, self.space.from_int(n))}, v)
-                              for m in self.mapped for n, v in zip(m.ints.tolist(), m.metrics))
+                              for m in self.mapped for n, v in m.exact.items())
             self._rows.space = self.space
-            self._rows.points = {m.label: dict(zip(m.ints.tolist(), m.metrics)) for m in self.mapped}
+            self._rows.points = {m.label: dict(m.exact) for m in self.mapped}
         return self._rows
 
     # -- (c) a cost model ------------------------------------------------------------
