@@ -123,14 +123,14 @@ def test_channel_blocks_outermost_match_the_reference(ob, cb, threads, profile):
     assert default_knobs(deep, lim)["order"] == 1 and default_knobs(shallow, lim)["order"] == 0
 
 
-def _bound(p, profile, seed):
+def _bound(p, profile, seed, threads=1):
     """Problem ``p`` at its first setting, compiled and bound to its own random inputs: (step, out, reference)."""
     import ctypes
 
     from planforge.targets.cpu.build import build
 
     t = TEMPLATES[p.op]
-    knobs = dict(default_knobs(p, limits(profile)), threads=1)
+    knobs = dict(default_knobs(p, limits(profile)), threads=threads)
     lib = ctypes.CDLL(str(build(t.source(p, knobs), t.openmp(knobs)).path))
     inp = make_inputs(p, seed=seed)
     out = np.zeros(output_shape(p), np.float32)
@@ -138,10 +138,10 @@ def _bound(p, profile, seed):
 
 
 def test_steps_sharing_one_scratch_buffer_stay_correct(profile):
-    """Steps of other geometries share one scratch buffer (``templates.scratch.share``, as a plan's steps do):
-    each writes its own zero borders and padded channels on every call, so a buffer left full of NaN by
-    anything else changes no result (a 3x3 with padding, an NCHW step with a residual, a depthwise step whose
-    channels are padded to the vector width, a 1x1 without padding)."""
+    """Steps of other geometries on one thread share one scratch buffer (``templates.scratch.share``, as a plan's
+    steps do): each writes its own zero borders and padded channels on every call, so a buffer left full of NaN
+    by anything else changes no result (a 3x3 with padding, an NCHW step with a residual, a depthwise step whose
+    channels are padded to the vector width, a 1x1 without padding); a step on two threads keeps its own."""
     from planforge.targets.cpu.templates.scratch import share
 
     problems = [Problem("conv", dims(1, 5, 9, 10, 7, 3, 1, 1), "nhwc/wb/relu"),
@@ -149,8 +149,12 @@ def test_steps_sharing_one_scratch_buffer_stay_correct(profile):
                 Problem("dwconv", dims(1, 21, 10, 7, 21, 3, 1, 1, 1, 21), "nchw/wb/relu6"),
                 Problem("conv", dims(1, 33, 5, 7, 17, 1), "nhwc/w/none")]
     bound = [_bound(p, profile, i) for i, p in enumerate(problems)]
-    buf = share(f for f, _, _ in bound)
+    own = _bound(problems[0], profile, 9, threads=2)  # on two threads a step keeps its own scratch
+    buf = share(f for f, _, _ in bound + [own])
     assert buf is not None and buf.size == max(f.scratch.floats for f, _, _ in bound)
+    assert own[0].scratch.buffer is not buf and all(f.scratch.buffer is buf for f, _, _ in bound)
+    own[0]()
+    np.testing.assert_allclose(own[1], own[2], rtol=1e-4, atol=1e-4)
     for _ in range(2):
         for f, out, ref in bound:
             buf[:] = np.nan

@@ -452,7 +452,7 @@ def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
     ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
     args = ConvArgs(ptr(inputs["x"]), ptr(wp), ptr(sc), ptr(sh), ptr(res), ptr(out), None, None, None,
                     int(knobs.get("cb", 1 << 20)), int(knobs["threads"]), int(knobs.get("order", 0)))
-    scratch = Scratch(args, {k: v for k, v in need.items() if v})
+    scratch = Scratch(args, {k: v for k, v in need.items() if v}, shareable=int(knobs["threads"]) == 1)
     run = struct_call(lib.pf_conv, args, (inputs, wp, sc, sh, out, scratch))
     run.scratch = scratch
     return run
