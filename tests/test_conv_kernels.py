@@ -174,20 +174,22 @@ def test_steps_sharing_one_scratch_buffer_stay_correct(profile):
     (dict(kernel=(3, 3), stride=(2, 2), ceil_mode=True), (1, 4, 8, 8)),          # windows past the input
 ])
 def test_compiled_max_pool_matches_the_reference(nhwc, at, shape):
-    """The max pool library steps run one compiled pass (templates/maxpool.py): exact against the reference on
-    odd geometries in both layouts, NaN propagating as ``np.maximum`` does, and native (a lean chain calls it)."""
-    from planforge.ops import LIBRARIES
+    """The CPU target's plans run the max pool library steps as one compiled pass (templates/maxpool.py): exact
+    against the reference on odd geometries in both layouts, NaN propagating as ``np.maximum`` does, and native
+    (a lean chain calls it)."""
+    from planforge.ops import REGISTRY
     from planforge.ops.pool import max_ref, out_hw
+    from planforge.targets.cpu.plan import lib_step
 
     at = {"dilation": (1, 1), "ceil_mode": False, **at}
     x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
     x[0, 0, 2, 2] = np.nan
     ref = max_ref([x], at)
     oh, ow = out_hw(shape, at)
-    _, lib = LIBRARIES["maxpool2d_nhwc" if nhwc else "maxpool2d"]
+    kind = "maxpool2d_nhwc" if nhwc else "maxpool2d"
     xin = np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if nhwc else x
     out = np.full((shape[0], oh, ow, shape[1]) if nhwc else (shape[0], shape[1], oh, ow), 7.0, np.float32)
-    f = lib.step([xin], out, at)
+    f = lib_step(kind, REGISTRY[kind].egg_attr(at), [xin], out)
     assert getattr(f, "native", None) is not None
     f()
     got = out.transpose(0, 3, 1, 2) if nhwc else out

@@ -105,12 +105,6 @@ def avg_ref(a, attrs):
 def _step(kind, nhwc=False):
     def step(ins, out, attrs):
         x = ins[0]
-        if kind == "max":  # one compiled pass where there is a compiler (targets/cpu/templates/maxpool.py)
-            from ..targets.cpu.templates import maxpool
-
-            fast = maxpool.bind(x, out, _geom(attrs), nhwc)
-            if fast is not None:
-                return fast
         oh, ow = (out.shape[1], out.shape[2]) if nhwc else (out.shape[2], out.shape[3])
         xp, inner = _padded(x.astype(np.float32, copy=False), attrs, oh, ow, -np.inf if kind == "max" else 0.0, nhwc)
         views = list(_windows(xp, attrs, oh, ow, nhwc))
@@ -133,8 +127,14 @@ def _step(kind, nhwc=False):
     return step
 
 
+def geometry(attrs) -> tuple[int, ...]:
+    """(kh, kw, sh, sw, pt, pl, pb, pr, dh, dw) of a pooling node's attributes (what a compiled pool takes)."""
+    return _geom(attrs)
+
+
 def _passes(kind):
-    """Calls a step makes: the compiled max pool one, the numpy average pool one per window tap (9 for 3x3)."""
+    """Calls a step makes: the max pool one (the CPU target compiles it, ``targets/cpu/templates/maxpool.py``), the
+    numpy average pool one per window tap (9 for 3x3)."""
     return (lambda at: 1) if kind == "max" else (lambda at: 9)
 
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from ...ir import Graph
 from ...ops import LIBRARIES, REGISTRY
-from .templates import TEMPLATES
+from ...ops.pool import geometry as pool_geometry
+from .templates import TEMPLATES, maxpool
 from .templates.scratch import share
 
 ALIGN = 16  # floats: 64-byte aligned slots
@@ -35,13 +36,24 @@ def semantic(kind: str, attr: str, vals: Sequence[np.ndarray]) -> np.ndarray:
     return np.ascontiguousarray(op.reference(list(vals), op.from_egg(attr)))
 
 
+# library steps this target runs as one compiled pass where there is a compiler (the op's numpy step otherwise):
+# kind -> whether its layout is NHWC
+COMPILED_POOLS = {"maxpool2d": False, "maxpool2d_nhwc": True}
+
+
 def lib_step(kind: str, attr: str, ins: list[np.ndarray], out: np.ndarray) -> Callable[[], None]:
-    """The library implementation ``kind`` (an op's, from the registry) bound to ``ins`` and ``out``."""
+    """The library implementation ``kind`` (an op's, from the registry) bound to ``ins`` and ``out``; a max pool
+    as this target's compiled pass (``templates/maxpool.py``) where it builds."""
     hit = LIBRARIES.get(kind)
     if hit is None:
         raise PlanError(f"no library implementation of {kind!r}")
     op, lib = hit
-    return lib.step(ins, out, op.from_egg(attr))
+    attrs = op.from_egg(attr)
+    if kind in COMPILED_POOLS:
+        fast = maxpool.bind(ins[0], out, pool_geometry(attrs), COMPILED_POOLS[kind])
+        if fast is not None:
+            return fast
+    return lib.step(ins, out, attrs)
 
 
 def template_step(problem, knobs: dict, lib: ctypes.CDLL, ins: list[np.ndarray], out: np.ndarray,
