@@ -168,13 +168,14 @@ def test_a_shared_mlp_sleeps_at_once(lim):
 
 def test_partitioned_models_share_their_mlps():
     """The task of a part gets shared fused MLPs; a model that stays one task keeps every spin bound."""
-    from planforge.targets.cpu import CpuTarget
-    from planforge.workloads.models import graph_task
+    from planforge.ir.zoo import residual_mlp
+    from planforge.workloads.models import graph_workload
 
-    g = policy_mlp(1, (16, 32, 32, 8))
-    target = CpuTarget()
-    for shared in (False, True):
-        task = graph_task(g, "graph", target, 1 << 30, shared=shared)
+    g = residual_mlp(blocks=2, width=16, batch=1)  # a residual add between the blocks: a cut point
+    whole, cut = graph_workload(g, "whole"), graph_workload(g, "cut", whole_below=0)
+    assert [t.key for t in whole.tasks] == ["graph"] and len(cut.partition.parts) > 1
+    assert all(t.key.startswith("part") for t in cut.tasks)
+    for shared, task in [(False, whole.tasks[0]), *((True, t) for t in cut.tasks)]:
         genome = task.backend.genome
         mlps = [nid for nid, p in genome.problems.items() if isinstance(p, MlpProblem)]
         assert mlps and all(genome.problems[nid].shared == shared for nid in mlps)
