@@ -103,6 +103,13 @@ DEFAULTS = {
                                                    "arm_options": {"thompson": {"global_every": 6, "fail_penalty": 0.3}}}),
     "bandit:thompson-global6-fail3": ("bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
                                                  "arm_options": {"thompson": {"global_every": 6, "fail_penalty": 3.0}}}),
+    # issue 20, fourth round: the period-6 default whose thompson arm diversifies once `stall` results in a row
+    # (any arm's) brought no new best: every proposal from the whole pool, the posterior draws' spread times
+    # `stall_explore`, until the best improves; grid declared before the choosing runs
+    **{f"bandit:thompson-global6-stall{n}-x{x:g}": (
+        "bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
+                   "arm_options": {"thompson": {"global_every": 6, "stall": n, "stall_explore": x}}})
+       for n, x in ((20, 10), (30, 10), (60, 10), (30, 3), (30, 30))},
     "thompson": ("thompson", {}),
     "thompson:wide": ("thompson", {"radius": 3, "global_every": 2}),
 }

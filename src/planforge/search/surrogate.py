@@ -99,6 +99,8 @@ class Thompson(Strategy):
         Setting("warm_halflife", "float", 30.0, "warm start: target measurements after which that weight halves",
                 low=1e-9),
         Setting("warm_init", "int", 0, "warm start: random proposals of its own beside the early ones", low=0),
+        Setting("stall", "int", 0, "after this many results without a new best, diversify (0: never)", low=0),
+        Setting("stall_explore", "float", 3.0, "while stalled: the posterior draws' spread times this", low=0),
     )
     duplicate_limit = 1_000_000  # the model never re-proposes; exhaustion stops it
 
@@ -107,7 +109,7 @@ class Thompson(Strategy):
                  value_prior: float = 0.1, refit: float = 0.05, pool: int = 50_000, top: int = 3, radius: int = 2,
                  global_every: int = 3, fail_penalty: float = 1.0, exploration: float = 1.0,
                  max_features: int = 1000, warm_weight: float = 0.05, warm_halflife: float = 30.0,
-                 warm_init: int = 0, **kw):
+                 warm_init: int = 0, stall: int = 0, stall_explore: float = 3.0, **kw):
         super().__init__(space, seed, **kw)
         if global_every < 1 or top < 1 or radius < 1:
             raise ValueError(f"thompson: global_every, top and radius must be at least 1 "
@@ -116,6 +118,9 @@ class Thompson(Strategy):
         self.interactions, self.refit, self.pool, self.fail_penalty = interactions, refit, pool, fail_penalty
         self.exploration, self.top, self.radius, self.global_every = exploration, top, radius, global_every
         self.warm_weight, self.warm_halflife, self.warm_init = warm_weight, warm_halflife, warm_init
+        self.stall, self.stall_explore = stall, stall_explore
+        self._best_y = math.inf  # the best log-time observed (every arm's results), and results since it improved
+        self._since_best = 0
         self._random = 0  # random proposals made
         self._warm: list[dict] = []  # per warm-start source: its X^T X, X^T y, y^T y, rows, log-times by point
         self.np_rng = np.random.default_rng(seed)
@@ -318,7 +323,8 @@ class Thompson(Strategy):
         resid = yy - float(b @ mean)
         sigma = math.sqrt(max(resid, 1e-6) / max(count, 1))
         z = self.np_rng.standard_normal(self.n_features)
-        return mean + self.exploration * sigma * linalg.solve_triangular(L.T, z, lower=False)
+        spread = self.exploration * (self.stall_explore if self._stalled() else 1.0)
+        return mean + spread * sigma * linalg.solve_triangular(L.T, z, lower=False)
 
     def _refresh(self) -> None:
         """Draw new weights and predict every pool point; points already proposed are out."""
@@ -369,7 +375,7 @@ class Thompson(Strategy):
         self._model_steps += 1
         scores = [self._pred]
         best = self._best_points()
-        if self._model_steps % self.global_every and best:  # a trust-region step, global once it is used up
+        if self._model_steps % self.global_every and best and not self._stalled():  # a trust-region step, global once it is used up
             far = np.min([(self._pool_digits != d).sum(axis=1) for d in self._digits(np.array(best))], axis=0)
             scores.insert(0, np.where(far <= self.radius, self._pred, np.inf))
         for pred in scores:
@@ -407,8 +413,17 @@ class Thompson(Strategy):
             A[np.ix_(dense, dense)] += np.outer(z, z)
         self._rows.append((cols, z))
         self._obs_ints.append(n)
-        self._y.append(math.log(o.metric) if o.ok and o.metric > 0 else None)
+        y = math.log(o.metric) if o.ok and o.metric > 0 else None
+        self._y.append(y)
         self._proposed_ints.add(n)
+        if y is not None and y < self._best_y:
+            self._best_y, self._since_best = y, 0
+        else:
+            self._since_best += 1
+
+    def _stalled(self) -> bool:
+        """Whether ``stall`` results in a row brought no new best (never when ``stall`` is 0)."""
+        return bool(self.stall) and self._since_best >= self.stall
 
     def describe(self) -> dict:
         return {**super().describe(), "n_init": self.n_init, "prior": self.prior,
