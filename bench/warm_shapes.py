@@ -14,7 +14,8 @@ every configuration either run measured is measured again in one process (one wo
 warm run's configurations interleaved (A B A B), ROUNDS rounds, each configuration's time the median of its
 rounds; the cold run's best is then the best re-measured time of what it measured, and each run is scored by
 the first evaluation (in the order it measured them) whose configuration's re-measured time is within 5% of it
-(``cold_evals_re`` / ``warm_evals_re``; ``median_over_pairs_re``).
+(``cold_evals_re`` / ``warm_evals_re``; ``median_over_pairs_re``). ``--alternate`` tunes the warm run first on odd
+seeds, so that a load that changes over the run does not always favour the run tuned second.
 
     .venv/bin/python bench/warm_shapes.py --budget 32 --seeds 3 --json bench/results/warm_shapes.json
 """
@@ -149,6 +150,8 @@ def main(argv=None) -> int:
     ap.add_argument("--remeasure", type=int, default=0, metavar="ROUNDS",
                     help="after both tunings of a pair, measure every configuration either run measured again, "
                          "cold and warm interleaved, ROUNDS rounds, and score against those times (default 0: off)")
+    ap.add_argument("--alternate", action="store_true", help="tune the warm run first on odd seeds (default: the "
+                    "cold run first on every seed)")
     ap.add_argument("--pairs", default="", help="only these pairs, by index into PAIRS (e.g. 1 or 0,2; default all)")
     args = ap.parse_args(argv)
     os.environ.setdefault("PLANFORGE_PROBE", "quick")
@@ -168,11 +171,18 @@ def main(argv=None) -> int:
                 tune(wl, src, args.budget, seed, out)
                 sources[key] = out / "records.db"
             tag = f"{wl}-{src.replace(',', 'x')}-to-{dst.replace(',', 'x')}-s{seed}"
-            cold = tune(wl, dst, args.budget, seed, args.work / f"cold-{tag}")
-            warm = tune(wl, dst, args.budget, seed, args.work / f"warm-{tag}", warm=sources[key])
+            # which of the two is tuned first alternates with the seed (--alternate), so that a load that rises or
+            # falls over the hour favours neither side over the seeds
+            warm_first = args.alternate and seed % 2 == 1
+            runs = {}
+            for side in (("warm", "cold") if warm_first else ("cold", "warm")):
+                runs[side] = tune(wl, dst, args.budget, seed, args.work / f"{side}-{tag}",
+                                  warm=sources[key] if side == "warm" else None)
+            cold, warm = runs["cold"], runs["warm"]
             best = min(m for _, m in cold["curve"])
             bound = 1.05 * best
             row = {"workload": wl, "source": src, "target": dst, "seed": seed, "cold_best_s": best,
+                   "tuned_first": "warm" if warm_first else "cold",
                    "warm_best_s": min(m for _, m in warm["curve"]),
                    "cold_evals": evals_within(cold["curve"], bound, args.budget),
                    "warm_evals": evals_within(warm["curve"], bound, args.budget),

@@ -49,3 +49,23 @@ def test_remeasure_protocol_interleaves_and_scores_against_remeasured_times(tmp_
     times = {"a": 2.0, "b": 1.0, "c": 1.04, "x": 3.0}
     assert ws.evals_to(order_c, times, 1.05, 3) == 2 and ws.evals_to(order_w, times, 1.05, 3) == 2
     assert ws.evals_to(order_w, {"x": 3.0}, 1.05, 3) == 4  # never within: budget + 1
+
+
+def test_alternate_tunes_the_warm_run_first_on_odd_seeds(tmp_path, monkeypatch):
+    """--alternate: the run tuned second on a loaded machine sees another load; which side goes first alternates
+    with the seed (cold first on even seeds), and without it the cold run always goes first."""
+    ws = load_bench()
+    order = []
+
+    def fake_tune(workload, shape, budget, seed, out, warm=None):
+        order.append((out.name.split("-")[0], seed))
+        return {"curve": [(1, 2.0), (2, 1.0)], "evaluations": 2, "strategy": {}, "wall_s": 0.0, "final_s": 1.0,
+                "warm_note": [], "warm_stage": None}
+
+    monkeypatch.setattr(ws, "tune", fake_tune)
+    monkeypatch.setattr(ws, "drift", lambda cold, warm: None)
+    assert ws.main(["--seeds", "2", "--pairs", "0", "--alternate", "--work", str(tmp_path)]) == 0
+    assert order == [("src", 0), ("cold", 0), ("warm", 0), ("src", 1), ("warm", 1), ("cold", 1)]
+    order.clear()
+    assert ws.main(["--seeds", "2", "--pairs", "0", "--work", str(tmp_path)]) == 0
+    assert [o for o in order if o[0] != "src"] == [("cold", 0), ("warm", 0), ("cold", 1), ("warm", 1)]
