@@ -3,18 +3,11 @@
 ``CpuTarget`` (``target.py``) is its ``Target``: callers outside this folder reach the probe, the
 templates and the backends through it.
 
-OpenMP's idle threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``) unless the
-environment says otherwise: set here, before the first template library
-loads libgomp, and inherited by the measuring workers. With the default
-(spinning a while after each parallel region) a 2-core machine shared with
-other work ran GPT-2's plan at 112 ms a forward against 3.4 ms passive (load
-average 4.5; docs/benchmarks.md, issue 13): the spinning thread takes the
-core the calling thread needs.
+OpenMP's and OpenBLAS's idle threads sleep at once unless the environment
+says otherwise (``OMP_WAIT_POLICY``, ``OPENBLAS_THREAD_TIMEOUT``: set by
+``planforge/__init__.py`` before any runtime loads, and inherited by the
+measuring workers).
 """
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from .target import CpuTarget  # noqa: E402
+from .target import CpuTarget
 
 __all__ = ["CpuTarget"]
