@@ -31,7 +31,7 @@ from .search.strategies import Strategy
 from .search.warm import WarmError, WarmStart, warm_note
 from .spec import Records, SCHEMA_VERSION, spec_filename, write_spec
 from .warmstart import auto_warm, load_sources
-from .validate.accuracy import FORMAT_KNOB, step_format
+from .validate.accuracy import ACT_KNOB, BLOCK_KNOB, FORMAT_KNOB, step_format
 from .workloads import Task, Workload
 
 FINALIST_ROUNDS = 3
@@ -355,14 +355,16 @@ def _task_search(db: Records, run_id: str, workload: Workload, task: Task, strat
         firsts = format_firsts(space, max(2, (budget.evals or 16) // 3))
         if len(firsts) > 1:
             options = {**options, "initial": firsts}
-    # each format's roofline is corrected by its own measurements as they arrive, so that after the firsts the
-    # search ranks the formats as they ran (one correction per device fingerprint)
+    # the roofline is corrected by the measurements as they arrive: a term per format, so that after the firsts
+    # the search ranks the formats as they ran, and a term per tile knob value shared by the formats, so that
+    # what the tiles measured in one format ranks the same tiles in the others (one correction per device
+    # fingerprint)
     calibrated: dict[str, PerStratum] = {}
 
     def model_for(target: str):
         if FORMAT_KNOB not in space.names or not isinstance(task.cost_model, Analytic):
             return task.cost_model
-        return calibrated.setdefault(target, PerStratum(task.cost_model, step_format))
+        return calibrated.setdefault(target, PerStratum(task.cost_model, step_format, tiles=tile_knobs))
 
     def strategy_for(target: str) -> Strategy:
         # each device fingerprint's search: the same strategy and seed, its own state, its own warm start
@@ -550,6 +552,11 @@ def _with_l2(db: Records, run_id: str, workload: Workload, tr: TaskResult, l2: L
     walk = walk_finalists(ranked, task.validators, task.peak_bytes)
     return dataclasses.replace(tr, walk=walk, ranked=ranked, baselines=res.baselines or tr.baselines,
                                bound=_bound(task, walk, ranked), l2=res.to_json())
+
+
+def tile_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
+    """A configuration's knobs less its weight format genes (``wfmt``, ``qblock``, ``act``, and per layer)."""
+    return {k: v for k, v in knobs.items() if not k.startswith((FORMAT_KNOB, BLOCK_KNOB, ACT_KNOB))}
 
 
 def format_firsts(space, limit: int) -> list:
