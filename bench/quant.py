@@ -30,8 +30,12 @@ glue between layers), ONNX Runtime fp32 and dynamic int8, torch fp32 and dynamic
 (``torch.ao.quantization.quantize_dynamic``). Each one's error against the fp64 forward pass is printed
 beside its median time (``max_rel_err``: max |y - ref| / max |ref|; and the cosine).
 
-Every OpenMP team in the process is made to sleep when idle (``OMP_WAIT_POLICY=PASSIVE``, unless set):
-spinning teams of one runner (torch's, a two-thread plan's) would take the cores the next is timed on.
+Every OpenMP team and numpy's OpenBLAS threads are made to sleep when idle (``OMP_WAIT_POLICY=PASSIVE``,
+``OPENBLAS_THREAD_TIMEOUT=4``, unless set), as planforge sets them: spinning threads of one runner (torch's, a
+two-thread plan's, numpy's for the fp32 plan) would take the cores the next is timed on. ONNX Runtime keeps
+its own spinning thread pool (what a user of it gets); so that its spin, or anything else a runner leaves
+running, does not land on the same neighbour every round, each round starts one runner further on, and
+each runner's calls start after a short pause (``SETTLE_S``).
 
 Run (the machine's other load is printed beside the figures):
 
@@ -55,6 +59,7 @@ from pathlib import Path
 # every OpenMP team in this process (the plans' with threads > 1, torch's) sleeps when idle instead of
 # spinning: side by side in one process, a spinning team would take the cores the next runner is timed on
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # numpy's BLAS threads too (read when numpy loads)
 
 import numpy as np  # noqa: E402
 
@@ -277,8 +282,12 @@ def torch_runners(model, ws, x):
 
 # -- timing ------------------------------------------------------------------------------------------------------------
 
+SETTLE_S = 0.03  # idle before each runner's calls: another runner's spinning threads go to sleep meanwhile
+
+
 def interleaved(runners: dict, rounds: int, min_s: float = 0.02) -> dict[str, float]:
-    """Median seconds per call of each runner, over ``rounds`` rounds that visit every runner in turn."""
+    """Median seconds per call of each runner, over ``rounds`` rounds that visit every runner in turn, each
+    round starting one runner further on (so no runner always follows the same one)."""
     calls = {}
     for name, f in runners.items():
         f()
@@ -287,9 +296,11 @@ def interleaved(runners: dict, rounds: int, min_s: float = 0.02) -> dict[str, fl
             f()
         calls[name] = max(1, int(min_s / ((time.perf_counter() - t0) / 3)))
     times = {k: [] for k in runners}
-    for _ in range(rounds):
-        for name, f in runners.items():
+    order = list(runners.items())
+    for r in range(rounds):
+        for name, f in order[r % len(order):] + order[:r % len(order)]:
             n = calls[name]
+            time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             for _ in range(n):
                 f()
@@ -314,22 +325,28 @@ def bench(model, args, tmp: Path) -> dict:
     budget = parse_budget(accuracy).default
     print(f"\n== {model}: layers {[l[:2] for l in layers(model)]}, accuracy budget {budget} "
           f"per layer ({'given' if args.accuracy else 'ORT dynamic int8 error on these inputs / layers'})", flush=True)
-    plans: dict[str, list[dict]] = {"fp32": [], "joint": [], "qtt same format": [], "qtt compressed": []}
+    # the kernel-level searches, once per seed: one search of 12-16 evaluations is a draw, and "joint at least
+    # as fast as quantise-then-tile" is judged on the medians over the seeds (``kernel_level`` in the output)
+    plans: dict[str, list[dict]] = {}
     records = []
-    for i, (K, N, epi) in enumerate(layers(model)):
-        f32, _ = tuned(K, N, epi, "", args.budget, args.seed, tmp / f"{model}-{i}-fp32")
-        joint, rec = tuned(K, N, epi, accuracy, args.budget, args.seed, tmp / f"{model}-{i}-joint")
-        records.append(rec)
-        chosen = rec["format"] if rec["format"] != "int4" else f"int4:{rec['block']}"
-        if rec.get("activations") == "int8":
-            chosen = "int8+a8"
-        first = next(v for v in COMPRESSION if v in rec["screen"]["searched"])
-        plans["fp32"].append(f32)
-        plans["joint"].append(joint)
-        plans["qtt same format"].append(with_variant(f32, chosen) if chosen != "fp32" else f32)
-        plans["qtt compressed"].append(with_variant(f32, first) if first != "fp32" else f32)
-        print(f"  layer {i} ({K}x{N}): joint chose {chosen} (error {rec['error']['value']:.3g}); screen "
-              + ", ".join(f"{k} {v:.2g}" for k, v in rec["screen"]["errors"].items()), flush=True)
+    for seed in range(args.seed, args.seed + args.seeds):
+        tag = f" s{seed}" if args.seeds > 1 else ""
+        for kind in KINDS:
+            plans[kind + tag] = []
+        for i, (K, N, epi) in enumerate(layers(model)):
+            f32, _ = tuned(K, N, epi, "", args.budget, seed, tmp / f"{model}-{i}-fp32{tag.strip()}")
+            joint, rec = tuned(K, N, epi, accuracy, args.budget, seed, tmp / f"{model}-{i}-joint{tag.strip()}")
+            records.append({**rec, "seed": seed, "layer": i})
+            chosen = rec["format"] if rec["format"] != "int4" else f"int4:{rec['block']}"
+            if rec.get("activations") == "int8":
+                chosen = "int8+a8"
+            first = next(v for v in COMPRESSION if v in rec["screen"]["searched"])
+            plans["fp32" + tag].append(f32)
+            plans["joint" + tag].append(joint)
+            plans["qtt same format" + tag].append(with_variant(f32, chosen) if chosen != "fp32" else f32)
+            plans["qtt compressed" + tag].append(with_variant(f32, first) if first != "fp32" else f32)
+            print(f"  layer {i} ({K}x{N}){tag}: joint chose {chosen} (error {rec['error']['value']:.3g}); screen "
+                  + ", ".join(f"{k} {v:.2g}" for k, v in rec["screen"]["errors"].items()), flush=True)
     if model == "gemv" and args.per_format:  # each format in a search of its own
         K, N, epi = layers(model)[0]
         for v in ("bf16", "int8", "int8+a8", "int4:32", "int4:64", "int4:128"):
@@ -353,8 +370,17 @@ def bench(model, args, tmp: Path) -> dict:
         out = np.asarray(outs[name]).ravel() if name in outs else peer_out[name]  # planforge's: its bound output
         rows.append({"runner": name, "median_s": med[name], "max_rel_err": max_rel_err(out, ref),
                      "cosine": cosine(out, ref)})
+    seeds = range(args.seed, args.seed + args.seeds)
+    per_seed = {kind: [med[f"planforge {kind}" + (f" s{s}" if args.seeds > 1 else "")] for s in seeds]
+                for kind in KINDS}
+    kernel_level = {kind: {"median_s": statistics.median(v), "per_seed_s": v} for kind, v in per_seed.items()}
+    kernel_level["joint_not_slower"] = {  # seeds where the joint chain is at most each qtt's time
+        q: sum(j <= t for j, t in zip(per_seed["joint"], per_seed[q])) for q in KINDS[2:]}
     return {"model": model, "accuracy": budget.to_json(), "rows": rows, "records": records, "notes": notes,
-            "plans": {k: v for k, v in plans.items()}, "whole": whole}
+            "plans": {k: v for k, v in plans.items()}, "whole": whole, "kernel_level": kernel_level}
+
+
+KINDS = ("fp32", "joint", "qtt same format", "qtt compressed")
 
 
 COMPRESSED = {"int4:128": ("int4", 128), "int4:64": ("int4", 64), "int4:32": ("int4", 32), "int8": ("int8", 32),
@@ -466,6 +492,7 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=16, help="evaluations per GEMV search")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=1, help="kernel-level searches once per seed, seed .. seed+N-1")
     ap.add_argument("--accuracy", default="", help="the budget, e.g. max_rel_err:0.01 (default: ORT int8's error)")
     ap.add_argument("--no-per-format", dest="per_format", action="store_false")
     ap.add_argument("--no-whole", dest="whole", action="store_false", help="skip tuning each model whole")
@@ -479,7 +506,7 @@ def main() -> int:
         for model in args.models.split(","):
             r = bench(model, args, Path(tmp))
             results.append(r)
-            f32 = next(x["median_s"] for x in r["rows"] if x["runner"] == "planforge fp32")
+            f32 = r["kernel_level"]["fp32"]["median_s"]
             ort8 = next((x["median_s"] for x in r["rows"] if x["runner"] == "ORT dynamic int8"), None)
             print(f"  {'runner':34s} {'median':>10s} {'max_rel_err':>12s} {'cosine':>10s} {'fp32/this':>9s} "
                   f"{'ORT int8/this':>13s}")
@@ -487,6 +514,11 @@ def main() -> int:
                 print(f"  {x['runner']:34s} {x['median_s'] * 1e6:8.1f}us {x['max_rel_err']:12.3g} "
                       f"{x['cosine']:10.6f} {f32 / x['median_s']:9.2f} "
                       f"{(ort8 / x['median_s']) if ort8 else float('nan'):13.2f}")
+            kl = r["kernel_level"]
+            print(f"  kernel level, median over {args.seeds} seed(s): "
+                  + ", ".join(f"{k} {kl[k]['median_s'] * 1e6:.1f}us" for k in KINDS)
+                  + f"; joint at most qtt on {kl['joint_not_slower']['qtt same format']} / "
+                    f"{kl['joint_not_slower']['qtt compressed']} of {args.seeds} seeds (same format / compressed)")
             for n in r["notes"]:
                 print("  note:", n)
     load = os.getloadavg()
