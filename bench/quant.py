@@ -35,7 +35,7 @@ Every OpenMP team and numpy's OpenBLAS threads are made to sleep when idle (``OM
 two-thread plan's, numpy's for the fp32 plan) would take the cores the next is timed on. ONNX Runtime keeps
 its own spinning thread pool (what a user of it gets); so that its spin, or anything else a runner leaves
 running, does not land on the same neighbour every round, each round starts one runner further on, and
-each runner's calls start after a short pause (``SETTLE_S``).
+each runner's calls start after a short pause (``planforge.measure.timing.SETTLE_S``).
 
 Run (the machine's other load is printed beside the figures):
 
@@ -64,6 +64,7 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # numpy's BLAS threads to
 import numpy as np  # noqa: E402
 
 from planforge.quant import cosine, max_rel_err, parse_budget, variant_knobs  # noqa: E402
+from planforge.measure.timing import interleaved as rounds_of  # noqa: E402
 from planforge.search import Budget  # noqa: E402
 from planforge.targets.cpu.build import build  # noqa: E402
 from planforge.targets.cpu.templates import TEMPLATES, Problem  # noqa: E402
@@ -282,12 +283,9 @@ def torch_runners(model, ws, x):
 
 # -- timing ------------------------------------------------------------------------------------------------------------
 
-SETTLE_S = 0.03  # idle before each runner's calls: another runner's spinning threads go to sleep meanwhile
-
-
 def interleaved(runners: dict, rounds: int, min_s: float = 0.02) -> dict[str, float]:
-    """Median seconds per call of each runner, over ``rounds`` rounds that visit every runner in turn, each
-    round starting one runner further on (so no runner always follows the same one)."""
+    """Median seconds per call of each runner, over ``rounds`` rounds that visit every runner in turn
+    (``planforge.measure.timing.interleaved``: each round one runner further on, a pause before each turn)."""
     calls = {}
     for name, f in runners.items():
         f()
@@ -295,17 +293,15 @@ def interleaved(runners: dict, rounds: int, min_s: float = 0.02) -> dict[str, fl
         for _ in range(3):
             f()
         calls[name] = max(1, int(min_s / ((time.perf_counter() - t0) / 3)))
-    times = {k: [] for k in runners}
-    order = list(runners.items())
-    for r in range(rounds):
-        for name, f in order[r % len(order):] + order[:r % len(order)]:
-            n = calls[name]
-            time.sleep(SETTLE_S)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                f()
-            times[name].append((time.perf_counter() - t0) / n)
-    return {k: statistics.median(v) for k, v in times.items()}
+
+    def block(name, f):
+        n = calls[name]
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f()
+        return (time.perf_counter() - t0) / n
+
+    return {k: statistics.median(v) for k, v in rounds_of(runners, rounds, block).items()}
 
 
 def bench(model, args, tmp: Path) -> dict:

@@ -178,19 +178,23 @@ def runners(module, args, threads: int, tmp: Path, notes: list[str]) -> dict:
 
 
 def time_all(fns: dict, rounds: int, per_round_s: float) -> dict[str, float]:
-    """Median over rounds of each runner's median call time; runners interleaved within every round."""
-    meds: dict[str, list[float]] = {k: [] for k in fns}
+    """Median over rounds of each runner's median call time; runners interleaved within every round, each
+    round one runner further on and each turn after a pause (``planforge.measure.timing.interleaved``: ONNX
+    Runtime's and OpenVINO's pools spin after their calls, and took the cores of whichever runner came next)."""
+    from planforge.measure.timing import interleaved
+
     for f in fns.values():
         f()                                    # warm
-    for _ in range(rounds):
-        for k, f in fns.items():
-            ts, t_end = [], time.perf_counter() + per_round_s
-            while time.perf_counter() < t_end or len(ts) < 3:
-                t0 = time.perf_counter()
-                f()
-                ts.append(time.perf_counter() - t0)
-            meds[k].append(statistics.median(ts))
-    return {k: statistics.median(v) for k, v in meds.items()}
+
+    def sample(_name, f):
+        ts, t_end = [], time.perf_counter() + per_round_s
+        while time.perf_counter() < t_end or len(ts) < 3:
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    return {k: statistics.median(v) for k, v in interleaved(fns, rounds, sample).items()}
 
 
 def bench(name: str, budget: int, rounds: int, per_round_s: float, threads: int, out_dir: Path,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, asdict
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, TypeVar
 
 from .load import LoadMeter
 
@@ -68,3 +68,26 @@ def timed(fn: Callable[[], None], cfg: TimingConfig = TimingConfig(),
     with LoadMeter() as load:
         times = time_fn(fn, cfg, flush)
     return {"times": times, "other_load": load.share}
+
+
+SETTLE_S = 0.03  # idle before each runner's turn in ``interleaved``: long enough for spinning pools to sleep
+T = TypeVar("T")
+
+
+def interleaved(runners: Mapping[str, Callable[[], Any]], rounds: int, sample: Callable[[str, Callable[[], Any]], T],
+                settle_s: float = SETTLE_S) -> dict[str, list[T]]:
+    """``sample(name, runner)`` of every runner, round by round, for runners compared side by side in one
+    process.
+
+    Each round starts one runner further on, so that no runner always follows the same one, and each turn
+    starts after ``settle_s`` seconds idle, so that what the previous runner left running (a thread pool
+    spinning after its calls: ONNX Runtime's by default, OpenBLAS's for 0.1 s unless told otherwise) does
+    not take the cores this one is timed on."""
+    order = list(runners.items())
+    got: dict[str, list[T]] = {k: [] for k, _ in order}
+    for r in range(rounds):
+        for k, f in order[r % len(order):] + order[:r % len(order)]:
+            if settle_s > 0:
+                time.sleep(settle_s)
+            got[k].append(sample(k, f))
+    return got
