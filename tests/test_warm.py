@@ -104,6 +104,29 @@ def test_warmed_proposes_early_points_first_and_never_twice(family):
     assert strat.describe()["warm_start"]["early"] == 5
 
 
+def test_a_cost_model_of_the_target_orders_the_sources_best_before_they_are_proposed():
+    """With a screen (a CPU task's analytic model at the target's shape), the early proposals are the ones it
+    predicts fastest among SCREEN_POOL times as many of the sources' best; without one, the sources' order."""
+    from planforge.search.strategies import RandomSearch
+    from planforge.search.warm import SCREEN_POOL, warmed
+
+    s = Space([int_range("a", 0, 39)])
+    src = Source("src", [({"a": a}, float(a)) for a in range(40)])  # the source likes small a
+    ws = WarmStart(s, [src])
+
+    class Shape:  # this shape likes a near 6
+        def predict(self, cands):
+            return [abs(c["a"] - 6) for c in cands]
+
+    plain = warmed(RandomSearch(s, 0), ws, 3)
+    assert [c["a"] for c in plain.ask(3)] == [0, 1, 2]
+    screened = warmed(RandomSearch(s, 0), ws, 3, screen=Shape())
+    assert [c["a"] for c in screened.ask(3)] == [6, 5, 7]  # among the source's best 3 * SCREEN_POOL = 12
+    far = warmed(RandomSearch(s, 0), ws, 3, screen=type("Far", (), {"predict": lambda self, cs: [-c["a"] for c in cs]})())
+    assert [c["a"] for c in far.ask(3)] == [3 * SCREEN_POOL - 1, 3 * SCREEN_POOL - 2, 3 * SCREEN_POOL - 3]
+    assert screened.describe()["warm_start"]["early_screened"] and not plain.describe()["warm_start"]["early_screened"]
+
+
 @pytest.mark.parametrize("name", ["auto", "thompson", "genetic", "tpe"])
 def test_warm_needs_fewer_evaluations_than_cold(family, name):
     source, target, *_ = family

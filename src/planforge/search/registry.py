@@ -101,7 +101,9 @@ def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = N
         raise SettingError(f"auto chose {name} for this space: {e}" if chose else str(e)) from None
     # early proposals take at most a tenth of the budget: a warm start guides the search, it does not replace it
     early = None if warm is None or budget is None else min(warm.early, max(1, budget // EARLY_SHARE))
-    return warmed(_build(name, space, seed, budget, cost_model, options), warm, early)
+    # a CPU task's analytic model at this shape orders the sources' best before they are proposed
+    screen = cost_model if isinstance(cost_model, Analytic) else None
+    return warmed(_build(name, space, seed, budget, cost_model, options), warm, early, screen)
 
 
 def _build(name: str, space: Space, seed: int, budget: int | None, cost_model, options: dict) -> Strategy:

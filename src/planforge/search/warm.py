@@ -35,6 +35,9 @@ from .strategies import Result, Strategy
 # search.registry.EARLY_SHARE): the value of 0, 4, 8, 16, 32 that bench/replay_transfer.py --choose picks on
 # all families of the benchmark hub; left out one family at a time it picks 32 three times and 16 once
 EARLY = 32
+# with a cost model of the target (a CPU task's roofline at the target's shape), the early proposals are the ones
+# it predicts fastest among this many times as many of the sources' best (issue 20, CPU shape pairs)
+SCREEN_POOL = 4
 
 
 class WarmError(ValueError):
@@ -286,14 +289,22 @@ class Warmed(Strategy):
     the sources' rows through its ``warm_start`` and ``take_prior`` (no-ops
     for a strategy without a model). ``describe()`` is ``inner``'s with the warm start added."""
 
-    def __init__(self, inner: Strategy, warm: WarmStart, early: int | None = None):
+    def __init__(self, inner: Strategy, warm: WarmStart, early: int | None = None, screen=None):
         super().__init__(inner.space, inner.seed, max_duplicates=inner.max_duplicates)
         self.name = inner.name
         self.inner, self.warm = inner, warm
         rows = warm.rows()
         self.taken = max(inner.warm_start(rows), inner.take_prior(rows))  # a ranker's groups, a surrogate's prior
-        self._queue = list(reversed(warm.seeds(early)))
+        early = warm.early if early is None else early
+        seeds = warm.seeds(early if screen is None else SCREEN_POOL * early)
+        if screen is not None and seeds:
+            # shape-aware: of the sources' best (which tiles this machine likes), the ones this shape's analytic
+            # model predicts fastest (which of them suit this shape) go first; ties keep the sources' order
+            pred = screen.predict(seeds)
+            seeds = [c for _, _, c in sorted(zip(pred, range(len(seeds)), seeds), key=lambda t: t[:2])][:early]
+        self._queue = list(reversed(seeds))
         self.early = len(self._queue)
+        self.screened = screen is not None
 
     def ask(self, n: int = 1) -> list[Candidate]:
         out: list[Candidate] = []
@@ -326,6 +337,7 @@ class Warmed(Strategy):
 
     def describe(self) -> dict:
         return {**self.inner.describe(), "warm_start": {**self.warm.describe(), "early": self.early,
+                                                        "early_screened": self.screened,
                                                         "rows_taken_by_model": self.taken}}
 
 
@@ -338,9 +350,10 @@ def warm_note(task: str, d: Mapping[str, Any]) -> str:
             f"first, {d.get('rows_taken_by_model', 0)} taken by the model")
 
 
-def warmed(strategy: Strategy, warm: WarmStart | None, early: int | None = None) -> Strategy:
-    """``strategy`` warm-started from ``warm`` (itself when ``warm`` is None)."""
-    return strategy if warm is None else Warmed(strategy, warm, early)
+def warmed(strategy: Strategy, warm: WarmStart | None, early: int | None = None, screen=None) -> Strategy:
+    """``strategy`` warm-started from ``warm`` (itself when ``warm`` is None); ``screen``: a cost model of this
+    space (``predict``) that picks the ``early`` proposals among the sources' ``SCREEN_POOL * early`` best."""
+    return strategy if warm is None else Warmed(strategy, warm, early, screen)
 
 
 __all__ = ["EARLY", "Source", "WarmError", "WarmStart", "Warmed", "kendall_weight", "warm_note", "warmed"]
