@@ -110,6 +110,14 @@ DEFAULTS = {
         "bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
                    "arm_options": {"thompson": {"global_every": 6, "stall": n, "stall_explore": x}}})
        for n, x in ((20, 10), (30, 10), (60, 10), (30, 3), (30, 30))},
+    # ... and, instead, the local searches (hill climbing, annealing) with `jumps` one-knob moves to any value of a
+    # random knob beside their one-step neighbours (a knob of methods numbered 0, 1, 2, ... is ordered only by its
+    # numbering); grid declared before the choosing runs
+    **{f"bandit:thompson-global6-jumps{j}": (
+        "bandit", {"arms": "thompson+genetic+annealing+hillclimb", "c": 0.2,
+                   "arm_options": {"thompson": {"global_every": 6}, "hillclimb": {"jumps": j},
+                                   "annealing": {"jumps": j}}})
+       for j in (2, 4, 8)},
     "thompson": ("thompson", {}),
     "thompson:wide": ("thompson", {"radius": 3, "global_every": 2}),
 }

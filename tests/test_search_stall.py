@@ -49,3 +49,37 @@ def run_around_an_isolated_best(stall, steps=20):
 def test_a_stalled_search_leaves_the_trust_region():
     assert run_around_an_isolated_best(stall=0) == 0  # 27 neighbours: every step stays near the best
     assert run_around_an_isolated_best(stall=5) >= 5  # after 5 results without a new best it goes global
+
+
+def jumps_seen(name, jumps, asks=4):
+    """Of ``asks`` proposals of ``name`` around a told point (5, 5), which has 4 one-step neighbours, how many move
+    one knob by more than one step."""
+    space = Space([int_range("m", 0, 9), int_range("b", 0, 9)])
+    s = make_strategy(name, space, 0, jumps=jumps)
+    centre = space.make({"m": 5, "b": 5})
+    s.tell([(centre, ok(1e-6))])
+    out = 0
+    for _ in range(asks):
+        (c,) = s.ask(1)
+        d = [abs(c[k] - 5) for k in ("m", "b")]
+        out += sorted(d) == [0, max(d)] and max(d) > 1
+        s.tell([(c, ok(1e-3))])  # slower: the walk stays at the centre
+    return out
+
+
+def test_local_searches_jump_along_a_knob_only_with_jumps():
+    """A knob numbered 0, 1, 2, ... is ordered only by its numbering: with ``jumps`` hill climbing and annealing
+    also try any other value of a random knob, so they can cross a slow value between two fast ones."""
+    from planforge.search.strategies import with_jumps
+
+    space = Space([int_range("m", 0, 9), int_range("b", 0, 9)])
+    c = space.make({"m": 5, "b": 5})
+    import random
+
+    near = {x.fingerprint for x in space.neighbours(c)}
+    wide = with_jumps(space, c, random.Random(0), 6)
+    assert near <= {x.fingerprint for x in wide} and len(wide) > len(near)
+    assert len({x.fingerprint for x in wide}) == len(wide) and c.fingerprint not in {x.fingerprint for x in wide}
+    for name in ("hillclimb", "annealing"):
+        assert jumps_seen(name, 0) == 0
+        assert jumps_seen(name, 6) >= 1

@@ -221,6 +221,24 @@ class Genetic(Strategy):
         return {**super().describe(), "population": self.population, "parents": self.parents.k, "mutation": self.mutation}
 
 
+def with_jumps(space: Space, c: Candidate, rng: random.Random, jumps: int) -> list[Candidate]:
+    """``space.neighbours(c)`` (one step along an ordered knob) and ``jumps`` one-knob moves to any other value
+    of a random knob (``space.mutate``): a knob whose values are methods numbered 0, 1, 2, ... is ordered only by
+    its numbering, and a single step cannot cross a slow value between two fast ones."""
+    out = space.neighbours(c)
+    seen = {x.fingerprint for x in out} | {c.fingerprint}
+    for _ in range(jumps):
+        j = space.mutate(c, rng, 1)
+        if j is not None and j.fingerprint not in seen:
+            seen.add(j.fingerprint)
+            out.append(j)
+    return out
+
+
+JUMPS = Setting("jumps", "int", 0, "one-knob moves to any value of a random knob, beside the one-step neighbours",
+                low=0)
+
+
 class Annealing(Strategy):
     """Simulated annealing on log-latency over random neighbours.
 
@@ -233,11 +251,12 @@ class Annealing(Strategy):
 
     name = "annealing"
     settings = (Setting("t0", "float", 0.5, "starting temperature on log-latency", low=1e-9),
-                Setting("cooling", "float", 0.95, "temperature factor after each measurement", low=1e-9, high=1))
+                Setting("cooling", "float", 0.95, "temperature factor after each measurement", low=1e-9, high=1),
+                JUMPS)
 
-    def __init__(self, space: Space, seed: int = 0, t0: float = 0.5, cooling: float = 0.95, **kw):
+    def __init__(self, space: Space, seed: int = 0, t0: float = 0.5, cooling: float = 0.95, jumps: int = 0, **kw):
         super().__init__(space, seed, **kw)
-        self.t0, self.cooling = t0, cooling
+        self.t0, self.cooling, self.jumps = t0, cooling, jumps
         self.temp = t0
         self.current: tuple[Candidate, float] | None = None
 
@@ -255,7 +274,8 @@ class Annealing(Strategy):
     def _propose(self) -> Candidate | None:
         if self.current is None:
             return self.space.sample(self.rng)
-        fresh = [c for c in self.space.neighbours(self.current[0]) if c.fingerprint not in self.proposed]
+        fresh = [c for c in with_jumps(self.space, self.current[0], self.rng, self.jumps)
+                 if c.fingerprint not in self.proposed]
         if not fresh:
             self.current = None  # local area exhausted: restart
             return self.space.sample(self.rng)
@@ -276,9 +296,11 @@ class HillClimb(Strategy):
     measured, none faster) it restarts from a random unmeasured point."""
 
     name = "hillclimb"
+    settings = (JUMPS,)
 
-    def __init__(self, space: Space, seed: int = 0, **kw):
+    def __init__(self, space: Space, seed: int = 0, jumps: int = 0, **kw):
         super().__init__(space, seed, **kw)
+        self.jumps = jumps
         self.current: tuple[Candidate, float] | None = None
         self._queue: list[Candidate] = []
         self.restarts = 0
@@ -290,7 +312,8 @@ class HillClimb(Strategy):
 
     def _propose(self) -> Candidate | None:
         if self.current is not None and not self._queue:
-            self._queue = [c for c in self.space.neighbours(self.current[0]) if c.fingerprint not in self.proposed]
+            self._queue = [c for c in with_jumps(self.space, self.current[0], self.rng, self.jumps)
+                           if c.fingerprint not in self.proposed]
             self.rng.shuffle(self._queue)
             if not self._queue:  # local optimum
                 self.current = None
