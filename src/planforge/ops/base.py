@@ -183,6 +183,9 @@ class Op:
         flops: ``flops(input_shapes, out_shape, attrs)`` (default 1 per output element).
         roofline: the analysis estimates the op by its own ``flops`` and its operands' bytes (a convolution),
             not by the per-element default (default False).
+        layout_bytes: for a ``roofline`` op, the bytes it moves in passes of its own beyond reading its operands and
+            writing its output (an NCHW convolution's NHWC copy of its output, written back transposed), which
+            the analysis adds to its estimate at stream bandwidth (default None: none).
         view: no work at run time (a reshape is a view of its input).
         torch: ATen overload packet name -> ``lower(em, node, args, kwargs)`` (``em``: an ``Emitter``).
         onnx: ONNX op type -> ``lower(em, node, inputs, attrs, opset)``.
@@ -208,6 +211,7 @@ class Op:
     epilogue: Epilogue | None = None
     flops: Callable[[Sequence[Shape], Shape, Attrs], float] = elementwise_flops(1.0)
     roofline: bool = False
+    layout_bytes: Callable[[Sequence[Shape], Shape, Attrs], float] | None = None
     view: bool = False
     torch: Mapping[str, Callable] = field(default_factory=dict)
     onnx: Mapping[str, Callable] = field(default_factory=dict)

@@ -179,6 +179,7 @@ def estimate(a: Analysis, n: ENode, device: Roofline) -> float:
     shapes = [a.shapes.get(c) for c in n.children]
     out = a.shapes.get(n.eclass) or ()
     size = math.prod(out) if out else 0
+    own = 0.0
     if op.name in ("matmul", "linear") and shapes[0] and shapes[1]:
         x, w = shapes[0], shapes[1]
         flops = 2.0 * math.prod(x) * w[-1]
@@ -186,6 +187,8 @@ def estimate(a: Analysis, n: ENode, device: Roofline) -> float:
     elif op.roofline and all(shapes):
         flops = op.flops(shapes, out, attrs)
         byts = 4.0 * (sum(math.prod(s) for s in shapes) + size)
+        if op.layout_bytes is not None:  # its own copy passes, after the compute: not overlapped with it
+            own = op.layout_bytes(shapes, out, attrs) / bw
     else:
         flops = 10.0 * size
         byts = 4.0 * (sum(math.prod(s) for s in shapes if s) + size)
@@ -197,7 +200,7 @@ def estimate(a: Analysis, n: ENode, device: Roofline) -> float:
         # numpy pays its dispatch per call, and an epilogue is one more pass each
         passes = lib.passes(attrs) if callable(lib.passes) else lib.passes
         call *= 4
-    return passes * call + max(flops / peak, byts / bw)
+    return passes * call + max(flops / peak, byts / bw) + own
 
 
 __all__ = ["Analysis", "Roofline", "analyse", "estimate", "op_of"]
