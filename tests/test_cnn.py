@@ -255,8 +255,10 @@ def test_nhwc_chains_cancel_their_transposes_and_pointwise_convs_are_gemms():
 def test_the_partition_makes_identical_residual_blocks_one_task():
     g = ZOO["resnet-tiny"](blocks=(3, 2))
     part = partition(g, whole_below=0)
-    blocks = [p for p in part.parts if [n.op for n in p.graph.nodes] == ["conv2d", "batchnorm", "relu", "conv2d",
-                                                                        "batchnorm", "add", "relu"]]
+    # (the transposes at the cuts carry the activation in NHWC between the parts)
+    blocks = [p for p in part.parts if [n.op for n in p.graph.nodes] == ["transpose", "conv2d", "batchnorm", "relu",
+                                                                        "conv2d", "batchnorm", "add", "relu",
+                                                                        "transpose"]]
     assert len(blocks) >= 3 and len({p.key for p in blocks[:3]}) == 1
     assert max(len(v) for v in part.keys.values()) >= 3
 
@@ -480,5 +482,103 @@ def test_blocks_without_a_residual_are_cut_where_blocks_meet():
     part = partition(g, whole_below=0)
     ops = [[n.op for n in p.graph.nodes] for p in part.parts]
     block = ["conv2d", "batchnorm", "relu6"] * 2 + ["conv2d", "batchnorm"]
-    assert ops == [block] + [block + ["add"]] * 2 + [block] + [block + ["add"]] * 2
-    assert len(part.keys) == 4 and part.dedupe == 1.5
+    t = ["transpose"]  # each cut carries NHWC: a transpose ends a part, its inverse starts the next
+    assert ops == [block + t] + [t + block + ["add"] + t] * 2 + [t + block + t] + [t + block + ["add"] + t] + \
+        [t + block + ["add"]]
+    assert len(part.keys) == 5 and part.dedupe == 1.2
+    old = partition(g, whole_below=0, nhwc_cuts=False)
+    assert [[n.op for n in p.graph.nodes] for p in old.parts] == [block] + [block + ["add"]] * 2 + [block] + \
+        [block + ["add"]] * 2
+    assert len(old.keys) == 4 and old.dedupe == 1.5
+
+
+# -- NHWC across a whole partitioned CNN ----------------------------------------------------------------------------
+
+class _SE(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Conv2d(c, c // 2, 1), nn.Conv2d(c // 2, c, 1)
+
+    def forward(self, x):
+        return x * F.hardsigmoid(self.fc2(F.relu(self.fc1(F.adaptive_avg_pool2d(x, 1)))))
+
+
+class _MobileLike(nn.Module):
+    """MobileNetV3's pieces at toy size: a hardswish stem, inverted blocks (1x1, depthwise, squeeze-excite, 1x1,
+    residual where the shape allows), a 1x1 head, the global pool, flatten and the classifier."""
+
+    def __init__(self, c=8):
+        super().__init__()
+
+        def cba(a, b, k, s=1, g=1, act=nn.Hardswish):
+            return [nn.Conv2d(a, b, k, s, k // 2, groups=g, bias=False), nn.BatchNorm2d(b), *([act()] if act else [])]
+        self.stem = nn.Sequential(*cba(3, c, 3, 2))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*cba(c, 2 * c, 1), *cba(2 * c, 2 * c, 3, 1, 2 * c), _SE(2 * c), *cba(2 * c, c, 1, act=None))
+            for _ in range(3))
+        self.head = nn.Sequential(*cba(c, 4 * c, 1))
+        self.fc = nn.Linear(4 * c, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for b in self.blocks:
+            x = x + b(x)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.head(x), 1), 1))
+
+
+def _mobile_like():
+    from planforge.ir import from_torch
+
+    torch.manual_seed(0)
+    m = _randomise_bn(_MobileLike())
+    x = torch.randn(1, 3, 16, 16)
+    return m, x, from_torch(m, (x,))
+
+
+def test_the_cuts_of_a_convolutional_chain_carry_nhwc_tensors():
+    """Between two parts of a CNN flows the NHWC activation (a transpose ends each part, its inverse starts the
+    next), and the parts in order still compute the model."""
+    _, _, g = _mobile_like()
+    part = partition(g, whole_below=0)
+    assert len(part.parts) >= 3
+    shapes = part.graph.shapes()
+    for p, q in zip(part.parts, part.parts[1:]):
+        (v,) = p.outputs
+        assert q.inputs == [v] and p.graph.nodes[-1].op == "transpose" and q.graph.nodes[0].op == "transpose"
+        assert tuple(p.graph.nodes[-1].attrs["perm"]) == (0, 2, 3, 1)
+        n, h, w, c = shapes[v]
+        assert c == 8 and h == w  # channels last
+    xs = g.example_inputs(2)
+    env = dict(zip(part.graph.inputs, xs))
+    for p in part.parts:
+        env.update(zip(p.outputs, p.graph.evaluate(*[env[i] for i in p.inputs])))
+    np.testing.assert_allclose(env[part.graph.outputs[0]], g.evaluate(*xs)[0], rtol=1e-12, atol=1e-12)
+    # not a convolutional chain: cut as before, nothing inserted
+    from planforge.ir.zoo import transformer
+
+    t = transformer(layers=2, seq=6, width=16, heads=2)
+    assert len(partition(t).graph.nodes) == len(t.nodes)
+
+
+NCHW_FORMS = ("conv2d", "conv_act", "conv_bn", "conv_bn_act", "conv_add", "conv_add_act", "batchnorm",
+              "adaptive_avg_pool2d", "maxpool2d", "avgpool2d")
+
+
+def test_a_partitioned_mobilenet_like_cnn_runs_nhwc_from_its_input_to_its_classifier(tmp_path):
+    """Tuned at a tiny budget, every part of the plan reads and writes NHWC: one transpose at the input, one after
+    the global pool (a [1, C] vector), no NCHW convolution, pool or squeeze-excite multiply, and the model's output
+    as torch computes it."""
+    import planforge
+    from planforge.workloads.models import graph_workload
+
+    m, x, g = _mobile_like()
+    w = graph_workload(g, "mobile-like", whole_below=0)
+    assert len(w.tasks) >= 3
+    res = planforge.tune(w, budget=3, out=tmp_path / "t")
+    kinds = [s["args"][0] for task, _ in res.spec["partition"]["parts"] for s in res.spec["tasks"][task]["program"]
+             if s["op"].startswith(("lib", "tmpl"))]
+    assert not [k for k in kinds if k in NCHW_FORMS], kinds
+    assert kinds.count("transpose") <= 2, kinds
+    want = m(x).detach().numpy()
+    (got,) = res.plan(x.numpy())
+    assert np.abs(got - want).max() < 1e-4 * (1 + np.abs(want).max())

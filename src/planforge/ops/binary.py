@@ -9,6 +9,7 @@ lowerings (``Emitter.mul``, ``div``) come here for such operands.
 from __future__ import annotations
 
 import numpy as np
+from egglog import rewrite
 
 from .base import Library, Op, broadcast_shape, ufunc_step
 
@@ -19,9 +20,18 @@ def _true_divide(em, node, a, kw):
     return em.node("divide", [a[0], a[1]], node.name)
 
 
+def _layout(E, v):
+    """Two 4-D operands that come out of the same transpose to NCHW are multiplied where they lie (a
+    squeeze-excite's feature map by its per-channel gate, both of an NHWC chain): broadcasting pairs the same
+    axes before and after the permutation."""
+    def nchw(t):
+        return E("transpose", t, attr="0,3,1,2")
+    return {"layout": [rewrite(E("multiply", nchw(v.x), nchw(v.y))).to(nchw(E("multiply", v.x, v.y)))]}
+
+
 OPS = [
     Op("multiply", 2, broadcast_shape, reference=lambda a, attrs: a[0] * a[1],
-       library={"multiply": Library(ufunc_step(np.multiply))},
+       library={"multiply": Library(ufunc_step(np.multiply))}, rules=_layout,
        doc="x * y (broadcast)"),
     Op("divide", 2, broadcast_shape, reference=lambda a, attrs: a[0] / a[1],
        library={"divide": Library(ufunc_step(np.divide))},

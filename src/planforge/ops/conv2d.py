@@ -252,6 +252,7 @@ OPS = [Op(
     kernel=lambda s, out, attrs: conv_problem("conv2d", False, s, out, attrs),
     flops=flops,
     roofline=True,
+    layout_bytes=lambda s, out, attrs: 8.0 * math.prod(out),  # conv_fused.nchw_copies: NHWC scratch, written back
     torch={"conv2d": _torch, "convolution": _torch},
     onnx={"Conv": _onnx},
     tolerance_terms=lambda s: s[1][1] * s[1][2] * s[1][3],

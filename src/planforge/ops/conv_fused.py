@@ -131,6 +131,12 @@ def _flops(kind, nhwc):
     return flops
 
 
+def nchw_copies(residual: bool = False):
+    """An NCHW form's own layout passes (``Op.layout_bytes``): its output computed in NHWC scratch, then read and
+    written back transposed, and a residual read and written into NHWC before (the NHWC forms do neither)."""
+    return lambda s, out, attrs: 4.0 * (2 + 2 * residual) * math.prod(out)
+
+
 def _op(kind: str, nhwc: bool) -> Op:
     arity = (2, 3) if kind in ("conv_act",) else (3 if kind != "conv2d" else (2, 3))
     name = kind + ("_nhwc" if nhwc else "")
@@ -139,6 +145,7 @@ def _op(kind: str, nhwc: bool) -> Op:
               egg_attr=_egg(kind), from_egg=_from_egg, templated=True,
               kernel=lambda s, out, attrs, kind=kind, nhwc=nhwc: conv_problem(kind, nhwc, s, out, attrs),
               flops=_flops(kind, nhwc), roofline=True, internal=True,
+              layout_bytes=None if nhwc else nchw_copies(kind in ("conv_add", "conv_add_act")),
               doc=f"{kind} in {'NHWC' if nhwc else 'NCHW'} (a form of the convolution rules)")
 
 

@@ -25,6 +25,11 @@ from ..ir import Graph, Node
 
 MIN_NODES = 4
 WHOLE_BELOW = 48
+TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+# ops whose NCHW output an NHWC twin (or a transpose it commutes with) can produce: a cut after one of them, before
+# a convolution, may carry the activation in NHWC
+NHWC_PRODUCERS = ("conv2d", "batchnorm", "add", "relu", "relu6", "hardswish", "hardsigmoid", "silu", "maxpool2d",
+                  "avgpool2d")
 
 
 @dataclass
@@ -198,8 +203,48 @@ def _aligned(g: Graph, cuts: list[int], min_nodes: int, shapes, bounds: list[tup
     return best
 
 
-def partition(g: Graph, min_nodes: int = MIN_NODES, whole_below: int = WHOLE_BELOW) -> Partition:
-    """The parts of ``g`` (see the module's docstring); a graph too small or without a cut point is one part."""
+def _nhwc_cuts(g: Graph, bounds: list[tuple[int, int]], shapes) -> tuple[Graph, list[tuple[int, int]]]:
+    """``g`` with each cut of a convolutional chain carried in NHWC, and the parts' bounds in it: after the last
+    node of a part whose 4-D output feeds a convolution (and comes from an op with an NHWC form), a transpose to
+    NHWC ends the part and its inverse starts the next one. The pair is the identity, so the model is unchanged;
+    within each part the e-graph's ``layout`` rules cancel the transposes against the NHWC forms' own, so a
+    chain of NHWC parts runs with no layout change at its cuts (a part that keeps NCHW forms pays for the pair)."""
+    taken = set(g.inputs) | set(g.params) | {n.output for n in g.nodes}
+
+    def fresh(name):
+        k, out = 0, name
+        while out in taken:
+            k, out = k + 1, f"{name}{k}"
+        taken.add(out)
+        return out
+
+    ends = {b - 1 for _, b in bounds[:-1]}
+    nodes: list[Node] = []
+    rename: dict[str, str] = {}
+    starts = []
+    for i, n in enumerate(g.nodes):
+        if not starts or i - 1 in ends:
+            starts.append(len(nodes))
+        nodes.append(Node(n.op, tuple(rename.get(x, x) for x in n.inputs), n.output, dict(n.attrs)))
+        if i in ends and len(shapes[n.output]) == 4 and n.op in NHWC_PRODUCERS and g.nodes[i + 1].op == "conv2d":
+            t, back = fresh(f"{n.output}.nhwc"), fresh(f"{n.output}.nchw")
+            nodes.append(Node("transpose", (n.output,), t, {"perm": TO_NHWC}))
+            nodes.append(Node("transpose", (t,), back, {"perm": TO_NCHW}))
+            rename[n.output] = back
+            ends.discard(i)
+            starts.append(len(nodes) - 1)  # the next part starts at the transpose back
+    if len(nodes) == len(g.nodes):
+        return g, bounds
+    g2 = Graph(g.name, dict(g.inputs), dict(g.params), nodes, [rename.get(o, o) for o in g.outputs], g.dtype,
+               dict(g.input_dtypes), g.source)
+    return g2, list(zip(starts, starts[1:] + [len(nodes)]))
+
+
+def partition(g: Graph, min_nodes: int = MIN_NODES, whole_below: int = WHOLE_BELOW,
+              nhwc_cuts: bool = True) -> Partition:
+    """The parts of ``g`` (see the module's docstring); a graph too small or without a cut point is one part.
+    ``nhwc_cuts``: a convolutional chain's cuts carry NHWC tensors (``_nhwc_cuts``; ``Partition.graph`` is then
+    ``g`` with the transposes at its cuts)."""
     shapes = g.shapes()
     if len(g.nodes) <= whole_below:
         reason = f"kept whole: {len(g.nodes)} ops, at most {whole_below} (fusions across all of it stay possible)"
@@ -218,6 +263,9 @@ def partition(g: Graph, min_nodes: int = MIN_NODES, whole_below: int = WHOLE_BEL
         else:
             reason = (f"cut at {len(bounds) - 1} values that alone carry all state forward (of {len(cuts)} such "
                       f"points; parts under {min_nodes} ops merged into the next)")
+    if nhwc_cuts and len(bounds) > 1:
+        g, bounds = _nhwc_cuts(g, bounds, shapes)
+        shapes = g.shapes()
     parts = []
     for k, (a, b) in enumerate(bounds):
         sub, ins, outs, params = _part_graph(g, k, a, b, shapes)
