@@ -161,8 +161,15 @@ def chain_from_spec(spec: dict[str, Any], graph, target) -> Any:
     from .rewrite.partition import WHOLE_BELOW, partition
 
     rec = spec["partition"]
-    part = partition(graph, whole_below=spec["manifest"]["options"].get("whole_below", WHOLE_BELOW))
-    if len(part.parts) != len(rec["parts"]) or any(p.key != k for p, (_, k) in zip(part.parts, rec["parts"])):
+
+    def differs(part):
+        return len(part.parts) != len(rec["parts"]) or any(p.key != k for p, (_, k) in zip(part.parts, rec["parts"]))
+
+    whole_below = spec["manifest"]["options"].get("whole_below", WHOLE_BELOW)
+    part = partition(graph, whole_below=whole_below)
+    if differs(part):  # a spec tuned before a CNN's cuts carried NHWC tensors
+        part = partition(graph, whole_below=whole_below, nhwc_cuts=False)
+    if differs(part):
         raise ValueError(f"the graph does not cut into the parts the spec was tuned on ({len(part.parts)} parts "
                          f"here, {len(rec['parts'])} in the spec, or their structures differ)")
     programs = {k: (t["program"] if t.get("selected", "tuned") == "tuned" else None)

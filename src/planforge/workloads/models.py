@@ -335,7 +335,7 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
             rep = part.parts[idx[0]]
             # a part is judged on what flows into it when the model runs on the validation draws
             flows = [[v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v
-                      for v in values_of(graph, d, rep.inputs)] for d in draws] if draws else None
+                      for v in values_of(part.graph, d, rep.inputs)] for d in draws] if draws else None
             t = graph_task(rep.graph, f"part{rep.index}", target, budget, seed, node_limit, weight=len(idx),
                            accuracy=acc(f"part{rep.index}"), shared=True,
                            validation=(flows, f"the values flowing into it on {about}") if flows else None)
