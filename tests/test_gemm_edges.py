@@ -64,3 +64,26 @@ def test_small_gemms_stay_on_one_thread(profile):
     assert not any("par_macs" in v for v in small.violations({**knobs, "threads": 1}))
     big = gemm.space(M, N, 8 * small_k, lim)
     assert not any("par_macs" in v for v in big.violations(knobs))
+
+
+@pytest.mark.parametrize("par, threads, pack_a, const_b", [("n", 2, 1, False), ("m", 2, 0, False), ("m", 3, 1, True),
+                                                           ("n", 3, 0, True)])
+def test_threads_slices_cover_every_row_and_column(profile, par, threads, pack_a, const_b):
+    """Each thread's slice (claimed, not assigned: templates/parfor.py) of M or N, on shapes whose units do not
+    divide by the threads, repeated calls: every element written once, right, on every call."""
+    V = _vec(profile)
+    knobs = dict(vec=V, mr=3, nv=2, unroll=2, pack_a=pack_a, pack_b=1, order="ji", mc=16, kc=32, nc=64,
+                 threads=threads, par=par)
+    lib = load(build(gemm.source(knobs, "bias")))
+    rng = np.random.default_rng(threads)
+    for M, N in ((3 * threads * 2 + 1, 2 * V * threads + 3), (7, 5 * V + 1)):
+        A = rng.standard_normal((M, 45)).astype(np.float32)
+        B = (rng.standard_normal((45, N)) / 7).astype(np.float32)
+        bias = rng.standard_normal(N).astype(np.float32)
+        C = np.full((M, N), np.nan, np.float32)
+        run = gemm.bind(lib, knobs, A, B, bias, C, const_b=const_b)
+        for _ in range(20):
+            C[...] = np.nan
+            run()
+            np.testing.assert_allclose(C, A.astype(np.float64) @ B + bias, rtol=1e-5, atol=1e-5,
+                                       err_msg=f"M={M} N={N} par={par}")

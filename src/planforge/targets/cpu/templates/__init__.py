@@ -95,6 +95,7 @@ TEMPLATES: dict[str, Template] = {
         bind=lambda lib, p, k, i, out: gemm.bind(lib, k, i["A"], i["B"], i.get("bias"), out, i.get("B_const", False)),
         reference_inputs=lambda p, k, i: qgemv.reference_inputs(k, i, "B"),
         variants=lambda lim: qgemv.variants(lim, activations=False),  # B widened as it is packed: fp32 A
+        openmp_threads=False,  # its threads claim their slices (templates/parfor.py): no OpenMP team to wait for
     ),
     "gemv": Template(
         "gemv",
@@ -105,6 +106,7 @@ TEMPLATES: dict[str, Template] = {
             lib, k, i["x"], i["W"], i.get("bias"), out),
         reference_inputs=lambda p, k, i: qgemv.reference_inputs(k, i, "W"),
         variants=qgemv.variants,
+        openmp_threads=False,  # its threads claim panels (templates/parfor.py): no OpenMP team to wait for
     ),
     "mlp": Template(
         "mlp",

@@ -6,11 +6,14 @@ packed into MR-tall panels when ``pack_a``), then the MR x NR register tiles
 in ``order`` ("ji": columns outer, "ij": rows outer). The micro-kernel keeps
 MR x NV vector accumulators in registers, unrolls K by ``unroll`` and applies
 the epilogue (bias, ReLU, GELU) while the tile is still in registers on the
-last K block. With ``threads`` > 1 each OpenMP thread takes a slice of N
-(``par="n"``) or of M (``par="m"``) and runs the whole blocked loop on it.
+last K block. With ``threads`` > 1 the units of N (``par="n"``: NR-wide
+panels) or of M (``par="m"``: MR-row panels) are cut into one slice per
+thread, each running the whole blocked loop; the slices are claimed
+(``templates/parfor.py``), so a thread that starts late has its slice taken
+by the caller instead of being waited for.
 
 Compile-time knobs (baked into the source, one library each): mr, nv, pack_a,
-pack_b, order, unroll, vec, and whether OpenMP is on. Runtime knobs (passed
+pack_b, order, unroll, vec. Runtime knobs (passed
 per call, no rebuild): mc, kc, nc, threads, par.
 """
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 from ....space import Space, categorical, pow2
 from . import qgemm
 from .common import epi_code, header, struct_call
+from .parfor import PARFOR_C
 from .epilogues import apply_chain, chain_flops, dense_tolerance, numpy_dense, torch_dense
 from .facts import Facts
 
@@ -174,7 +178,9 @@ def source(knobs: dict[str, Any], epilogue: str) -> str:
     b_ld = "NR" if pb else "ldb"
     pack_call = q.get("pack_call", "pack_b(kb, nb, B + (long)pc * ldb + jc, ldb, bp);")
     body = f"""
-{defs}{header()}
+{defs}#define PF_CHUNKS 1  /* one chunk per thread, as a static split: each chunk packs its own A */
+{header()}
+{PARFOR_C}
 {_ukernel(mr, nv, pa, pb, knobs['unroll'])}
 
 /* scalar tile for the edges that packing does not pad */
@@ -244,30 +250,35 @@ static void gemm_block(const float *A, {q.get("block_b", "const float *B")}, con
 
 {q.get("args", "typedef struct {{ const float *A, *B, *bias; float *C; int M, N, K, mc, kc, nc, threads, par, pre; }} gemm_args;").replace("{{", "{").replace("}}", "}")}
 
+typedef struct {{ const gemm_args *g; int nc, pre; }} gemm_ctx;
+
+/* units [lo, hi) of one call (NR-wide column panels for par n, MR-row panels for par m), on any thread */
+static void gemm_units(const void *c, int lo, int hi) {{
+    const gemm_ctx *x = (const gemm_ctx *)c;
+    const gemm_args *g = x->g;
+    {q.get("setup", "const float *A = g->A, *B = g->B, *bias = g->bias; float *C = g->C;")}
+    int M = g->M, N = g->N, K = g->K, pre = x->pre, nc = x->nc;
+    (void)pre;
+    if (g->par == 0) {{
+        int n0 = lo * NR, n1 = hi * NR < N ? hi * NR : N;
+        if (n0 < n1) gemm_block(A, {q.get("b_cols", "pre ? B + (long)(n0 / NR) * NR * K : B + n0")}, bias ? bias + n0 : NULL, C + n0, M, n1 - n0, K, K, N, N,
+                                g->mc, g->kc, nc, pre{q.get("j0", "")});
+    }} else {{
+        int m0 = lo * MR, m1 = hi * MR < M ? hi * MR : M;
+        if (m0 < m1) gemm_block(A + (long)m0 * K, B, bias, C + (long)m0 * N, m1 - m0, N, K, K, N, N,
+                                g->mc, g->kc, nc, pre{q.get("j0_zero", "")});
+    }}
+}}
+
 void pf_gemm(const gemm_args *g) {{
     {q.get("setup", "const float *A = g->A, *B = g->B, *bias = g->bias; float *C = g->C;")}
     int M = g->M, N = g->N, K = g->K, pre = {"0" if q or not pb else "g->pre"};
     int nc = pre ? (g->nc + NR - 1) / NR * NR : g->nc;  /* prepacked panels: blocks start on a panel */
-#ifdef _OPENMP
-    if (g->threads > 1) {{
-        #pragma omp parallel num_threads(g->threads)
-        {{
-            int t = omp_get_thread_num(), T = omp_get_num_threads();
-            if (g->par == 0) {{
-                int units = (N + NR - 1) / NR, per = (units + T - 1) / T;
-                int n0 = t * per * NR, n1 = n0 + per * NR < N ? n0 + per * NR : N;
-                if (n0 < n1) gemm_block(A, {q.get("b_cols", "pre ? B + (long)(n0 / NR) * NR * K : B + n0")}, bias ? bias + n0 : NULL, C + n0, M, n1 - n0, K, K, N, N,
-                                        g->mc, g->kc, nc, pre{q.get("j0", "")});
-            }} else {{
-                int units = (M + MR - 1) / MR, per = (units + T - 1) / T;
-                int m0 = t * per * MR, m1 = m0 + per * MR < M ? m0 + per * MR : M;
-                if (m0 < m1) gemm_block(A + (long)m0 * K, B, bias, C + (long)m0 * N, m1 - m0, N, K, K, N, N,
-                                        g->mc, g->kc, nc, pre{q.get("j0_zero", "")});
-            }}
-        }}
+    if (g->threads > 1) {{  /* each thread's share claimed, not assigned: a late one's is taken by the caller */
+        gemm_ctx x = {{ g, nc, pre }};
+        pf_parfor(g->par == 0 ? (N + NR - 1) / NR : (M + MR - 1) / MR, g->threads, gemm_units, &x);
         return;
     }}
-#endif
     gemm_block(A, B, bias, C, M, N, K, K, N, N, g->mc, g->kc, nc, pre{q.get("j0_zero", "")});
 }}
 """

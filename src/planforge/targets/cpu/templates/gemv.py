@@ -19,6 +19,7 @@ import numpy as np
 
 from ....space import Space, categorical
 from .common import epi_code, header, struct_call
+from .parfor import PARFOR_C
 from .epilogues import apply_chain, chain_flops, dense_tolerance, numpy_dense, torch_dense
 from .facts import Facts
 
@@ -105,17 +106,21 @@ def source(knobs: dict[str, Any], epilogue: str) -> str:
     jb = knobs["jb"]
     packed = knobs["w_layout"] == "packed"
     head = f"#define V {knobs['vec']}\n#define JB {jb}\n#define JBV (JB * V)\n#define EPI {epi_code(epilogue)}"
-    return "\n".join([head, header(), block_source(knobs), tail_source(), r"""
+    return "\n".join([head, header(), PARFOR_C, block_source(knobs), tail_source(), r"""
 typedef struct { const float *x, *W, *bias; float *y; int N, K, threads; } gemv_args;
+
+static void gemv_panels(const void *c, int lo, int hi) {  /* panels [lo, hi) of one call, on any thread */
+    const gemv_args *g = (const gemv_args *)c;
+    const int N = g->N, K = g->K;
+    const float *W = g->W;
+    for (int b = lo; b < hi; b++)
+        block(g->x, W, """ + ("W + (long)b * K * JBV" if packed else "NULL") + r""", g->bias, g->y, N, K, b * JBV, EPI);
+}
 
 void pf_gemv(const gemv_args *g) {
     const int N = g->N, K = g->K, nblk = N / JBV;
     const float *W = g->W;
-#ifdef _OPENMP
-    #pragma omp parallel for schedule(static) num_threads(g->threads) if (g->threads > 1)
-#endif
-    for (int b = 0; b < nblk; b++)
-        block(g->x, W, """ + ("W + (long)b * K * JBV" if packed else "NULL") + r""", g->bias, g->y, N, K, b * JBV, EPI);
+    pf_parfor(nblk, g->threads, gemv_panels, g);
     tail(g->x, """ + ("W + (long)nblk * K * JBV, N - nblk * JBV" if packed else "W + nblk * JBV, N") +
         r""", g->bias, g->y, nblk * JBV, N, K, EPI);
 }

@@ -28,6 +28,7 @@ from ....quant import INT4_BLOCKS, Packed, dequantise, packed, quantise_activati
 from ....quant.pack import quantised as quantised_weights
 from ....space import Space, categorical
 from .common import epi_code, header, struct_call
+from .parfor import PARFOR_C
 
 
 class QGemvArgs(ctypes.Structure):
@@ -220,16 +221,25 @@ def _store(jb: int, sums: dict[int, str]) -> list[str]:
 _MAIN = r"""
 typedef struct { const float *x; const void *w; const float *scales, *bias; float *y; int N, K, threads;
                  const int32_t *colsum; } qgemv_args;
+typedef struct { const qgemv_args *g; const ELEM *w; CTX_FIELDS } qgemv_ctx;
+
+static void qgemv_panels(const void *c, int lo, int hi) {  /* panels [lo, hi) of one call, on any thread */
+    const qgemv_ctx *q = (const qgemv_ctx *)c;
+    const qgemv_args *g = q->g;
+    const ELEM *w = q->w;
+    const int N = g->N, K = g->K;
+    CTX_READ
+    for (int b = lo; b < hi; b++)
+        CALL;
+}
 
 void pf_qgemv(const qgemv_args *g) {
     const int N = g->N, K = g->K, npanel = (N + JBV - 1) / JBV;
     const ELEM *w = (const ELEM *)g->w;
     PREPARE
-#ifdef _OPENMP
-    #pragma omp parallel for schedule(static) num_threads(g->threads) if (g->threads > 1)
-#endif
-    for (int b = 0; b < npanel; b++)
-        CALL;
+    qgemv_ctx q = { g, w CTX_INIT };
+    (void)N; (void)K;
+    pf_parfor(npanel, g->threads, qgemv_panels, &q);
 }
 """
 
@@ -243,18 +253,22 @@ def source(knobs: dict[str, Any], epilogue: str) -> str:
         prepare = ("const int K4 = (K + 3) / 4;\n    static __thread uint8_t *xq; static __thread size_t cap;\n"
                    "    if (cap < (size_t)K4 * 4) { free(xq); xq = aligned_alloc(64, ((size_t)K4 * 4 + 63) / 64 * 64);"
                    " cap = xq ? (size_t)K4 * 4 : 0; }\n    int zp;\n    const float sx = quantise_x(g->x, xq, K, K4, &zp);\n"
-                   "    const uint32_t *x4 = (const uint32_t *)xq;  /* the caller's: inside the parallel loop xq is each thread's own */")
+                   "    const uint32_t *x4 = (const uint32_t *)xq;  /* the caller's: every thread reads it */")
+        # the quantised x, its scale and zero point, made once by the caller, go to every thread's panels
+        ctx = ("const uint32_t *x4; float sx; int zp, K4;", ", x4, sx, zp, K4",
+               "const uint32_t *x4 = q->x4; const float sx = q->sx; const int zp = q->zp, K4 = q->K4;")
         call = ("qblock(x4, w + (long)b * K4 * 4 * JBV, g->scales, g->colsum, g->bias, g->y, N, K4,"
                 " b * JBV, sx, zp, EPI)")
         body = [DOT, a8_block_source(knobs)]
     else:
         per_panel = "((long)K * JBV)" if fmt != "int4" else "((long)((K + QB - 1) / QB) * QB / 2 * JBV)"
         scales = "g->scales + (long)b * ((K + QB - 1) / QB) * JBV" if fmt == "int4" else "g->scales"
-        prepare = ""
+        prepare, ctx = "", ("", "", "")
         call = f"qblock(g->x, w + (long)b * {per_panel}, {scales}, g->bias, g->y, N, K, b * JBV, EPI)"
         body = [block_source(knobs)]
-    main = _MAIN.replace("ELEM", _ELEM[fmt]).replace("PREPARE", prepare).replace("CALL", call)
-    return "\n".join([head, header(), LOADS, *body, main])
+    main = (_MAIN.replace("ELEM", _ELEM[fmt]).replace("PREPARE", prepare).replace("CALL", call)
+            .replace("CTX_FIELDS", ctx[0]).replace("CTX_INIT", ctx[1]).replace("CTX_READ", ctx[2]))
+    return "\n".join([head, header(), PARFOR_C, LOADS, *body, main])
 
 
 def act_int8(knobs: dict[str, Any]) -> bool:
