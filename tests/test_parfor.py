@@ -79,3 +79,16 @@ def test_concurrent_callers_each_get_every_item(lib):
     for t in ts:
         t.join()
     assert (out[1] == 200).all() and (out[1000] == 200 * 1000).all()
+
+
+def test_a_forked_child_gets_workers_of_its_own(lib):
+    import os
+
+    _run(lib, 1 << 12, 2, calls=5)  # the parent's pool is started
+    pid = os.fork()
+    if pid == 0:  # the child: every item once per call, and (over enough calls) a worker of its own helps
+        ok = (_run(lib, 1000, 2, calls=20)[0] == 20).all()
+        helped = any(_run(lib, 1 << 16, 2, calls=20)[1].any() for _ in range(20))
+        os._exit(0 if ok and helped else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0

@@ -18,7 +18,7 @@ less when they come, never the time of a thread waiting for a core.
 
 Each kernel library has its own pool, started at its first parallel call
 (threads - 1 workers; a call asking for fewer uses fewer), its workers asleep
-on a futex between calls. One call runs at a time per library: a second caller
+on a futex between calls; a forked child starts workers of its own. One call runs at a time per library: a second caller
 meanwhile runs its loop alone. The word is 64 bits: 24 for the call number, 20
 each for the chunk count and the next chunk; a stale worker's compare-and-swap
 can only succeed on the very state of the current call, so a claim is always
@@ -106,8 +106,17 @@ static void *pf_worker(void *arg) {
     return NULL;
 }
 
+static void pf_child(void) {  /* a forked child has none of the parent's workers: it starts its own */
+    pf_st.workers = 0;
+    atomic_store(&pf_st.sleepers, 0);
+    pthread_mutex_init(&pf_st.busy, NULL);
+    pthread_mutex_init(&pf_st.start, NULL);
+}
+
 static void pf_start(int want) {
     pthread_mutex_lock(&pf_st.start);
+    static int forks_handled;
+    if (!forks_handled) forks_handled = pthread_atfork(NULL, NULL, pf_child) == 0;
     while (pf_st.workers < want && pf_st.workers < PF_MAXW) {
         pthread_attr_t attr;
         pthread_t tid;
