@@ -22,6 +22,8 @@ static void body(const void *c, int lo, int hi) {
     }
 }
 
+int workers(void) { return pf_st.workers; }
+
 void run(int *hits, int *who, int n, int threads, int stamp, int calls) {
     ctx_t c = { hits, who, stamp };
     pf_test_caller = pthread_self();
@@ -92,3 +94,17 @@ def test_a_forked_child_gets_workers_of_its_own(lib):
         os._exit(0 if ok and helped else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
+
+
+def test_idle_workers_leave_and_come_back():
+    import time
+
+    lib = ctypes.CDLL(str(build("#define PF_IDLE_S 1\n" + SOURCE).path))
+    P = ctypes.POINTER(ctypes.c_int)
+    lib.run.argtypes = [P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    assert lib.workers() == 0
+    assert (_run(lib, 1000, 3, calls=5)[0] == 5).all()
+    assert lib.workers() == 2  # two workers started
+    time.sleep(2.5)
+    assert lib.workers() == 0  # asleep over a second: gone
+    assert (_run(lib, 1000, 3, calls=5)[0] == 5).all() and lib.workers() == 2  # and back at the next call

@@ -124,15 +124,18 @@ TEMPLATES: dict[str, Template] = {
         source=lambda p, k: rowwise.source(p.op, k, p.epilogue),
         bind=lambda lib, p, k, i, out: rowwise.bind(
             lib, k, i["x"], out, i.get("gamma", i.get("bias")), i.get("beta", i.get("res"))),
+        openmp_threads=False,  # rows claimed in chunks (templates/parfor.py)
     ) for op in ("softmax", "layernorm", "eltwise")},
     "rms": Template("rms", space=lambda p, lim: rowwise.space(p.op, *p.dims, lim), defaults=_row_defaults,
                     source=lambda p, k: rowwise.source(p.op, k),
                     bind=lambda lib, p, k, i, out: rowwise.bind(lib, k, i["x"], out.reshape(p.dims), i["eps"]),
-                    plan_inputs=lambda p, ins: {"x": ins[0].reshape(p.dims), "eps": ins[1]}),
+                    plan_inputs=lambda p, ins: {"x": ins[0].reshape(p.dims), "eps": ins[1]},
+                    openmp_threads=False),
     **{op: Template(op, space=conv.space, defaults=conv.defaults, source=conv.source, bind=conv.bind,
                     plan_inputs=conv.plan_inputs) for op in ("conv", "dwconv")},
     "attention": Template("attention", space=attention.space, defaults=attention.defaults, source=attention.source,
-                          bind=attention.bind, plan_inputs=attention.plan_inputs),
+                          bind=attention.bind, plan_inputs=attention.plan_inputs,
+                          openmp_threads=False),  # (head, query block) tasks claimed (templates/parfor.py)
 }
 
 

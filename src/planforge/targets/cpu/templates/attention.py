@@ -23,6 +23,7 @@ import numpy as np
 from ....ops.kernel import ProblemError
 from ....space import Space, categorical
 from .common import header, struct_call
+from .parfor import PARFOR_C
 from .facts import Facts
 
 
@@ -96,13 +97,12 @@ static inline void scal(float *y, float a) {
 
 typedef struct { const float *q, *k, *v; float *o; int threads; } args_t;
 
-void attention(const args_t *a) {
+/* the (head, query block) tasks [lo, hi) of one call, on any thread */
+static void tasks(const void *c, int lo, int hi) {
+    const args_t *a = (const args_t *)c;
     const long R = (long)G * S;
     const long NB = (R + BQ - 1) / BQ;
-#ifdef _OPENMP
-    #pragma omp parallel for schedule(static) num_threads(a->threads) if (a->threads > 1)
-#endif
-    for (long task = 0; task < (long)BH * NB; task++) {
+    for (long task = lo; task < hi; task++) {
         const long bh = task / NB, r0 = (task % NB) * BQ;
         const long r1 = r0 + BQ < R ? r0 + BQ : R;
         const float *q = a->q + bh * R * D, *k = a->k + bh * (long)T * D, *v = a->v + bh * (long)T * DV;
@@ -149,6 +149,11 @@ void attention(const args_t *a) {
         }
     }
 }
+
+void attention(const args_t *a) {
+    const long NB = ((long)G * S + BQ - 1) / BQ;
+    pf_parfor((int)(BH * NB), a->threads, tasks, a);  /* tasks claimed in chunks (templates/parfor.py) */
+}
 """
 
 
@@ -157,7 +162,7 @@ def source(p, knobs) -> str:
     causal, scale = parse(p)
     defs = {"V": knobs["vec"], "BH": BH, "G": G, "S": S, "T": T, "D": D, "DV": DV, "BQ": knobs["bq"],
             "BK": knobs["bk"], "CAUSAL": int(causal), "SCALE": f"{scale!r}f"}
-    return "".join(f"#define {k} {v}\n" for k, v in defs.items()) + header() + _KERNEL
+    return "".join(f"#define {k} {v}\n" for k, v in defs.items()) + header() + PARFOR_C + _KERNEL
 
 
 def bind(lib, p, knobs, inputs: dict, out: np.ndarray):

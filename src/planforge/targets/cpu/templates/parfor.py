@@ -18,8 +18,10 @@ less when they come, never the time of a thread waiting for a core.
 
 Each kernel library has its own pool, started at its first parallel call
 (threads - 1 workers; a call asking for fewer uses fewer), its workers asleep
-on a futex between calls; a forked child starts workers of its own. One call runs at a time per library: a second caller
-meanwhile runs its loop alone. The word is 64 bits: 24 for the call number, 20
+on a futex between calls; one asleep for ``PF_IDLE_S`` seconds leaves (the
+next call starts another), and a forked child starts workers of its own. One
+call runs at a time per library: a second caller meanwhile runs its loop
+alone. The word is 64 bits: 24 for the call number, 20
 each for the chunk count and the next chunk; a stale worker's compare-and-swap
 can only succeed on the very state of the current call, so a claim is always
 the current call's (its function and context are read after the claim, and
@@ -37,6 +39,8 @@ PARFOR_C = r"""
 #include <stdatomic.h>
 #include <stdint.h>
 #include <limits.h>
+#include <errno.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/syscall.h>
 #include <linux/futex.h>
@@ -50,6 +54,9 @@ PARFOR_C = r"""
 #ifndef PF_CHUNKS
 #define PF_CHUNKS 8           /* chunks per thread: a late worker leaves at most this share undone by it */
 #endif
+#ifndef PF_IDLE_S
+#define PF_IDLE_S 10          /* a worker asleep this many seconds leaves: a process that loads many libraries */
+#endif                        /* (a search's measuring worker) keeps the threads of the recent ones only */
 #define PF_MAXW 63
 #define PF_CALL(v) ((uint32_t)((v) >> 40))
 #define PF_N(v) ((uint32_t)(((v) >> 20) & 0xFFFFF))
@@ -62,8 +69,9 @@ static struct {
     _Alignas(64) atomic_int done;        /* chunks of the current call finished */
     _Alignas(64) atomic_uint call;       /* the futex the workers sleep on: calls published */
     atomic_int sleepers, limit;          /* workers asleep; workers the current call may use */
+    atomic_uint joined;                  /* call << 8 | workers that joined it */
     pf_fn fn; const void *ctx; int n, chunks;
-    int workers;
+    atomic_int workers;
     pthread_mutex_t busy, start;
 } pf_st = { .busy = PTHREAD_MUTEX_INITIALIZER, .start = PTHREAD_MUTEX_INITIALIZER };
 
@@ -86,19 +94,35 @@ static int pf_claim(uint32_t call) {
     return mine;
 }
 
+/* a seat in call ``call`` (at most ``limit`` workers take one; a worker late for an earlier call takes none) */
+static int pf_join(unsigned call) {
+    unsigned v = atomic_load(&pf_st.joined);
+    while (v >> 8 == (call & 0xFFFFFF) && (int)(v & 0xFF) < atomic_load(&pf_st.limit))
+        if (atomic_compare_exchange_weak(&pf_st.joined, &v, v + 1)) return 1;
+    return 0;
+}
+
 static void *pf_worker(void *arg) {
-    int w = (int)(intptr_t)arg;
+    (void)arg;
     unsigned seen = atomic_load(&pf_st.call);
     for (;;) {
         unsigned c = atomic_load(&pf_st.call);
         if (c == seen) {
+            struct timespec idle = { PF_IDLE_S, 0 };
             atomic_fetch_add(&pf_st.sleepers, 1);
-            syscall(SYS_futex, &pf_st.call, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);  /* at once if it moved on */
+            long rc = syscall(SYS_futex, &pf_st.call, FUTEX_WAIT_PRIVATE, seen, &idle, NULL, 0);  /* at once if it moved on */
+            int timed_out = rc != 0 && errno == ETIMEDOUT;
             atomic_fetch_sub(&pf_st.sleepers, 1);
+            if (timed_out && atomic_load(&pf_st.call) == seen) {  /* idle that long: leave (a call never waits for it) */
+                pthread_mutex_lock(&pf_st.start);
+                pf_st.workers--;
+                pthread_mutex_unlock(&pf_st.start);
+                return NULL;
+            }
             continue;
         }
         seen = c;
-        if (w < atomic_load(&pf_st.limit)) {
+        if (pf_join(c)) {
             int mine = pf_claim(c & 0xFFFFFF);
             if (mine) atomic_fetch_add_explicit(&pf_st.done, mine, memory_order_release);
         }
@@ -123,7 +147,7 @@ static void pf_start(int want) {
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         pthread_attr_setstacksize(&attr, 1 << 20);
-        int rc = pthread_create(&tid, &attr, pf_worker, (void *)(intptr_t)pf_st.workers);
+        int rc = pthread_create(&tid, &attr, pf_worker, NULL);
         pthread_attr_destroy(&attr);
         if (rc != 0) break;  /* fewer workers: the caller does their chunks */
         pf_st.workers++;
@@ -140,7 +164,8 @@ static void pf_parfor(int n, int threads, pf_fn fn, const void *ctx) {
     if (pf_st.workers < threads - 1) pf_start(threads - 1);
     unsigned call = (atomic_load(&pf_st.call) + 1) & 0xFFFFFF;
     pf_st.fn = fn; pf_st.ctx = ctx; pf_st.n = n; pf_st.chunks = chunks;
-    atomic_store(&pf_st.limit, threads - 1);
+    atomic_store(&pf_st.limit, threads - 1 < 255 ? threads - 1 : 255);
+    atomic_store(&pf_st.joined, call << 8);
     atomic_store(&pf_st.done, 0);
     atomic_store_explicit(&pf_st.word, ((uint64_t)call << 40) | ((uint64_t)chunks << 20), memory_order_release);
     atomic_store(&pf_st.call, call);

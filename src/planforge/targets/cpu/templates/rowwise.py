@@ -20,6 +20,7 @@ from ....ops import REGISTRY
 from ....ops.kernel import layernorm_eps, parse_chain
 from ....space import Space, categorical
 from .common import header
+from .parfor import PARFOR_C
 from .epilogues import U32, apply_chain, chain_flops, numpy_chain, operands, torch_chain
 from .facts import Facts
 
@@ -47,12 +48,14 @@ def space(op: str, R: int, C: int, profile) -> Space:
 _LOOP = r"""
 typedef struct { const float *x; float *y; const float *p0, *p1; int R, C, threads; } row_args;
 
+static void rows(const void *c, int lo, int hi) {  /* rows [lo, hi) of one call, on any thread */
+    const row_args *g = (const row_args *)c;
+    const int C = g->C;
+    for (int r = lo; r < hi; r++) row(g->x + (long)r * C, g->y + (long)r * C, g->p0, g->p1, C, r);
+}
+
 void pf_row(const row_args *g) {
-    const int R = g->R, C = g->C;
-#ifdef _OPENMP
-    #pragma omp parallel for schedule(static) num_threads(g->threads) if (g->threads > 1)
-#endif
-    for (int r = 0; r < R; r++) row(g->x + (long)r * C, g->y + (long)r * C, g->p0, g->p1, C, r);
+    pf_parfor(g->R, g->threads, rows, g);  /* rows claimed in chunks (templates/parfor.py) */
 }
 """
 
@@ -169,7 +172,7 @@ def source(op: str, knobs: dict[str, Any], chain: str = "") -> str:
         body = _eltwise_row(knobs["unroll"], chain)
     else:
         raise ValueError(f"no row-wise template for {op!r}")
-    return head + body + _LOOP
+    return head + PARFOR_C + body + _LOOP
 
 
 def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, y, p0=None, p1=None):
