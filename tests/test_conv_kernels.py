@@ -112,6 +112,8 @@ def test_channel_blocks_outermost_match_the_reference(ob, cb, threads, profile):
             "threads": min(threads, max(values["threads"])), "order": 1, "pf": 1024}  # (one core: one thread)
     c = space.nearest_valid(want)
     assert c is not None and c.as_dict()["order"] == 1
+    # a layer this small gets one thread in the space (``PAR_MACS``); the kernel still runs on more when told to
+    c = space.make({**c.as_dict(), "threads": want["threads"]})
     be = CpuBackend(p, TEMPLATES["conv"], profile, timing=ONCE)
     try:
         (out,) = be.measure([c])
@@ -195,3 +197,18 @@ def test_compiled_max_pool_matches_the_reference(nhwc, at, shape):
     got = out.transpose(0, 3, 1, 2) if nhwc else out
     assert np.isnan(ref).any() and (np.isnan(got) == np.isnan(ref)).all()
     np.testing.assert_array_equal(got[~np.isnan(ref)], ref[~np.isnan(ref)])
+
+
+def test_small_convolutions_get_one_thread_in_the_space_and_the_default(profile):
+    """Under ``PAR_MACS`` multiply-adds a convolution is one thread (every step of a MobileNet at 96x96); a ResNet
+    3x3 layer (21 M) may take every core."""
+    from planforge.targets.cpu.templates.conv import PAR_MACS
+
+    lim = limits(profile)
+    small = Problem("dwconv", dims(1, 576, 3, 3, 576, 5, 1, 2, g=576), "nhwc/wb/hardswish")
+    big = Problem("conv", dims(1, 64, 24, 24, 64, 3, 1, 1), "nhwc/wb/relu")
+    assert 3 * 3 * 576 * 25 < PAR_MACS <= 24 * 24 * 64 * 64 * 9
+    cores = set(range(1, lim.physical_cores + 1))
+    for p, want in ((small, {1}), (big, cores)):
+        assert {c.as_dict()["threads"] for c in TEMPLATES["conv"].space(p, lim).enumerate()} == want
+        assert default_knobs(p, lim)["threads"] == max(want)

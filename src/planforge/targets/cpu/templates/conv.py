@@ -61,15 +61,27 @@ def _vecs(lim) -> tuple[int, ...]:
     return tuple(v for v in (4, 8, 16) if v <= lim.vector_lanes) or (1,)
 
 
+# Multiply-adds below which a convolution runs on one thread (the default's threshold, and the space's). A step on
+# two threads is an OpenMP region that waits for its second thread: a MobileNet's steps are all under 3.5 M MACs, and
+# its tuned plans with two threads on most steps ran several times slower in a whole call than on one (MobileNetV2,
+# load 3: 12.0 ms as tuned, 5.5 ms with its convolutions on one thread; MobileNetV3-small 7.9 against 2.4 ms every
+# step on one thread), while ResNet-18's 3x3 layers (21 M MACs) gain from the second core when it is free.
+PAR_MACS = 10 ** 7
+
+
+def _macs(g) -> int:
+    return g["N"] * g["OH"] * g["OW"] * g["O"] * g["Cg"] * g["KH"] * g["KW"]
+
+
 def space(p, lim) -> Space:
     """The knob space of a convolution problem on a machine (vector widths from its ISA, blocks from its caches)."""
     g = geometry(p)
     consts = {"ow": g["OW"], "og": g["Og"], "cg": g["Cg"], "c": g["C"], "k": g["KH"] * g["KW"], "o": g["O"],
               "vregs": lim.vector_registers, "l1_bytes": lim.caches["L1d"], "l2_bytes": lim.caches["L2"],
-              "rows": g["N"] * g["OH"]}
+              "rows": g["N"] * g["OH"], "macs": _macs(g), "par_macs": PAR_MACS}
     common = [categorical("vec", _vecs(lim)), categorical("owb", (1, 2, 3, 4, 6, 8)), categorical("unroll", (1, 2, 4)),
               categorical("threads", tuple(range(1, lim.physical_cores + 1)))]
-    shared = ["owb <= max(1, ow)", "threads <= rows"]
+    shared = ["owb <= max(1, ow)", "threads <= rows", "threads == 1 or macs >= par_macs"]
     if p.op == "dwconv":
         return Space([*common, categorical("cbv", (1, 2, 3, 4))],
                      [*shared, "owb * cbv + 2 * cbv + 1 <= vregs", "cbv * vec <= max(vec, c + vec - 1)"],
@@ -94,8 +106,7 @@ def defaults(p, lim) -> dict[str, Any]:
     g = geometry(p)
     vec = max(_vecs(lim))
     rows = g["N"] * g["OH"]
-    big = 2.0 * g["N"] * g["OH"] * g["OW"] * g["O"] * g["Cg"] * g["KH"] * g["KW"] >= 2e7
-    threads = min(lim.physical_cores, rows) if big else 1
+    threads = min(lim.physical_cores, rows) if _macs(g) >= PAR_MACS else 1
     if p.op == "dwconv":
         # the column tile that computes the fewest columns past the row, counting one more per tile (6x6 maps at owb 4
         # computed 8 columns: 0.023 -> 0.011 ms at owb 6 for 384 channels, measured alone)
