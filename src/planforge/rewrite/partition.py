@@ -14,6 +14,13 @@ of a 12-layer model with one layer shape make two tasks (attention half,
 MLP half), each with a weight of 12. Parts smaller than ``min_nodes`` are
 merged into their neighbour, and a graph of at most ``whole_below`` nodes
 stays one task (a batch-1 MLP is fused across its layers as one kernel).
+
+A convolutional chain's cuts carry the activation in NHWC (``_nhwc_cuts``): a
+transpose to NHWC ends each part and its inverse starts the next, an identity
+the e-graph's layout rules cancel inside each part against the NHWC forms'
+own transposes, so a MobileNet runs NHWC from its input to its classifier
+instead of paying a layout change at every cut (or keeping NCHW forms because
+both sides of a part were NCHW).
 """
 from __future__ import annotations
 
