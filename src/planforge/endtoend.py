@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .measure.timing import TimingConfig, time_fn
+from .measure.timing import TimingConfig, interleaved, time_fn
 from .results import FALLBACK_WITHIN, TaskResult
 from .workloads.objective import Objective
 
@@ -184,13 +184,12 @@ def _percentile(ts: Sequence[float], q: float) -> float:
 def measure(runners: dict[str, Callable[[], Any]], rounds: int = 3,
             cfg: TimingConfig = E2E_TIMING) -> dict[str, list[float]]:
     """Single-call times of each runner (the plan, the library, the model's runtimes), interleaved round by round
-    (raw times pooled), each slow one's rounds capped (``_fitted``)."""
+    (``measure.timing.interleaved``: each round one runner further on, a pause before each turn, so that a
+    runtime's pool spinning after its calls does not take the cores of the runner after it; raw times pooled),
+    each slow one's rounds capped (``_fitted``)."""
     cfgs = {k: _fitted(f, cfg) for k, f in runners.items()}
-    got: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(rounds):
-        for k, f in runners.items():
-            got[k].extend(time_fn(f, cfgs[k]))
-    return got
+    got = interleaved(runners, rounds, lambda k, f: time_fn(f, cfgs[k]))
+    return {k: [t for ts in v for t in ts] for k, v in got.items()}
 
 
 def _fitted(fn: Callable[[], Any], cfg: TimingConfig) -> TimingConfig:
