@@ -1,6 +1,8 @@
 """CPU templates: correct at every sampled knob setting on odd shapes; faults become outcomes."""
+import ctypes
 import random
 
+import numpy as np
 import pytest
 
 from planforge.targets.cpu.kernel import CpuBackend
@@ -245,3 +247,26 @@ def test_isa_flags_with_any_compiler(tmp_path):
     stubborn = _fake_cc(tmp_path / "stubborncc", zen5, ignores_off=True)
     with pytest.raises(IsaError, match=r"cannot turn AVX-512 off.*still defines __AMX_TILE__, __AVX512BW__"):
         isa_flags("avx2", stubborn)
+
+
+def test_rowwise_steps_are_native_so_a_chain_of_them_is_one_c_call(profile):
+    """A softmax step bound to its buffers can be called from C (``run.native``), so a plan whose steps are all
+    compiled (GEMMs, row-wise ops) runs as one chain; the chain's result is the step's own."""
+    from planforge.targets.cpu import fastcall
+    from planforge.targets.cpu.templates import rowwise
+
+    if fastcall.unavailable() is not None:
+        pytest.skip(fastcall.unavailable())
+    p = Problem("softmax", (5, 37), "none")
+    knobs = {"vec": min(8, limits(profile).vector_lanes), "unroll": 2, "threads": 2}
+    lib = ctypes.CDLL(str(build(TEMPLATES["softmax"].source(p, knobs)).path))
+    x = np.random.default_rng(0).standard_normal((5, 37)).astype(np.float32)
+    y = np.empty_like(x)
+    run = rowwise.bind(lib, knobs, x, y)
+    assert run.native is not None
+    run()
+    want = y.copy()
+    y[...] = np.nan
+    fn, handle, owner = fastcall.chain([run.native, run.native], x, y, (run,))
+    f = fastcall.bound(fn, handle, x.shape, y.shape, lambda *a, **k: None, owner)
+    np.testing.assert_array_equal(f(x), want)

@@ -19,7 +19,7 @@ import numpy as np
 from ....ops import REGISTRY
 from ....ops.kernel import layernorm_eps, parse_chain
 from ....space import Space, categorical
-from .common import header
+from .common import header, struct_call
 from .parfor import PARFOR_C
 from .epilogues import U32, apply_chain, chain_flops, numpy_chain, operands, torch_chain
 from .facts import Facts
@@ -179,16 +179,7 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, y, p0=None, p1=None):
     R, C = x.shape
     args = RowArgs(x.ctypes.data, y.ctypes.data, p0.ctypes.data if p0 is not None else None,
                    p1.ctypes.data if p1 is not None else None, R, C, knobs["threads"])
-    fn = lib.pf_row
-    fn.argtypes = [ctypes.c_void_p]
-    fn.restype = None
-    ptr = ctypes.addressof(args)
-    keep = (x, y, p0, p1, args)
-
-    def run(fn=fn, ptr=ptr, keep=keep):
-        fn(ptr)
-
-    return run
+    return struct_call(lib.pf_row, args, keep=(x, y, p0, p1))  # with ``.native``: a step a C chain can call
 
 
 # -- the problems: softmax, layernorm and elementwise chains over [rows, cols] ----------------------------------------
