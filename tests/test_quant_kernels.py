@@ -199,6 +199,11 @@ def test_the_joint_search_measures_each_formats_best_predicted_point_first(tmp_p
     trials = [t for t in r.tasks[0].result.trials if t.outcome.status != "rejected"]
     fmts = [step_format(t.candidate.as_dict()) for t in trials]
     assert len(set(fmts[:2])) == 2, fmts  # the first two measured are two formats, not two tiles of one
+    # the model re-plans every quarter of the budget (its tile terms learn from each batch), not every 8
+    assert r.tasks[0].strategy["name"] == "model" and r.tasks[0].strategy["batch"] == 2
+    f32 = tune(load_workload("gemv", {"shape": "96,64", "epilogue": "none"}), budget=Budget(evals=6), seed=0,
+               out=tmp_path / "f")
+    assert f32.tasks[0].strategy["batch"] == 8  # no format gene: the strategy's own default
     # the helper: the first point of each format in the space's order, at most the limit
     from planforge.space import Space, categorical
 

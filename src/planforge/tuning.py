@@ -370,6 +370,11 @@ def _task_search(db: Records, run_id: str, workload: Workload, task: Task, strat
         # each device fingerprint's search: the same strategy and seed, its own state, its own warm start
         warm = warm_on(space, target)
         strat = make_strategy(strategy, space, seed, budget=hint, cost_model=model_for(target), warm=warm, **options)
+        if FORMAT_KNOB in space.names and strat.name == "model" and "batch" not in options:
+            # a joint space's model learns the tiles from measurements of each format (the correction's tile
+            # terms need a format measured at two tiles or more): re-plan after a quarter of the budget, not
+            # after the default batch of 8, which at a budget of 12 is every point after the firsts
+            strat.batch = max(2, (budget.evals or 16) // 4)
         # learned models start from this template's earlier runs on this device (a no-op for the others),
         # less the tasks the warm start hands them already (one query group each, not two)
         given = {lbl.rsplit(" on ", 1)[0] for lbl in (warm.labels if warm else ()) if lbl.endswith(f" on {target}")}
