@@ -132,7 +132,8 @@ TEMPLATES: dict[str, Template] = {
                     plan_inputs=lambda p, ins: {"x": ins[0].reshape(p.dims), "eps": ins[1]},
                     openmp_threads=False),
     **{op: Template(op, space=conv.space, defaults=conv.defaults, source=conv.source, bind=conv.bind,
-                    plan_inputs=conv.plan_inputs) for op in ("conv", "dwconv")},
+                    plan_inputs=conv.plan_inputs, openmp_threads=False)  # rows / blocks claimed (parfor)
+       for op in ("conv", "dwconv")},
     "attention": Template("attention", space=attention.space, defaults=attention.defaults, source=attention.source,
                           bind=attention.bind, plan_inputs=attention.plan_inputs,
                           openmp_threads=False),  # (head, query block) tasks claimed (templates/parfor.py)

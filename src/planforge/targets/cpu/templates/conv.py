@@ -37,6 +37,7 @@ from ....space import Space, categorical, pow2
 from .common import header, struct_call
 from .epilogues import U32
 from .facts import Facts
+from .parfor import PARFOR_C
 from .scratch import Scratch
 
 
@@ -185,12 +186,14 @@ static void tr(const float *restrict s, float *restrict d, int rows, int cols, l
 /* the input into the zero-bordered NHWC scratch (channels padded to CP): padding and layout in one pass. The
    borders (and the padded channels) are written on every call: the scratch is shared by the steps of a plan
    (``Plan``'s workspace), each with its own geometry, so none of its zeros survive another step's call */
-static void copy_in(const float *x, float *xp, int threads) {
-#ifdef _OPENMP
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (threads > 1)
-#endif
-    for (int n = 0; n < N; n++)
-        for (int hp = 0; hp < HP; hp++) {
+typedef struct { const float *x; float *xp; } copy_ctx;
+
+static void copy_lines(const void *c, int lo, int hi) {  /* padded lines [lo, hi) of N x HP, on any thread */
+    const float *x = ((const copy_ctx *)c)->x;
+    float *xp = ((const copy_ctx *)c)->xp;
+    for (int i = lo; i < hi; i++) {
+        const int n = i / HP, hp = i % HP;
+        {
             float *line = xp + ((long)n * HP + hp) * WP * CP;
             int h = hp - PT;
             if (h < 0 || h >= H) { memset(line, 0, (size_t)WP * CP * sizeof(float)); continue; }
@@ -206,24 +209,33 @@ static void copy_in(const float *x, float *xp, int threads) {
                 for (int w = 0; w < W; w++) memcpy(dst + (long)w * CP, x + (((long)n * H + h) * W + w) * C, C * 4);
             }
         }
-    (void)threads;
+    }
+}
+
+static void copy_in(const float *x, float *xp, int threads) {
+    copy_ctx c = { x, xp };
+    pf_parfor(N * HP, threads, copy_lines, &c);
 }
 
 /* NCHW <-> NHWC for a residual read and the output written back */
+typedef struct { const float *src; float *dst; int ch, hw, back; } tr_ctx;
+
+static void tr_images(const void *c, int lo, int hi) {  /* images [lo, hi), on any thread */
+    const tr_ctx *t = (const tr_ctx *)c;
+    const long sz = (long)t->ch * t->hw;
+    for (int n = lo; n < hi; n++)
+        if (t->back) tr(t->src + n * sz, t->dst + n * sz, t->hw, t->ch, t->ch, t->hw);
+        else tr(t->src + n * sz, t->dst + n * sz, t->ch, t->hw, t->hw, t->ch);
+}
+
 static void to_nhwc(const float *src, float *dst, int ch, int hw, int threads) {
-#ifdef _OPENMP
-    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-#endif
-    for (int n = 0; n < N; n++) tr(src + (long)n * ch * hw, dst + (long)n * hw * ch, ch, hw, hw, ch);
-    (void)threads;
+    tr_ctx c = { src, dst, ch, hw, 0 };
+    pf_parfor(N, threads, tr_images, &c);
 }
 
 static void to_nchw(const float *src, float *dst, int ch, int hw, int threads) {
-#ifdef _OPENMP
-    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-#endif
-    for (int n = 0; n < N; n++) tr(src + (long)n * hw * ch, dst + (long)n * ch * hw, hw, ch, ch, hw);
-    (void)threads;
+    tr_ctx c = { src, dst, ch, hw, 1 };
+    pf_parfor(N, threads, tr_images, &c);
 }
 """
 
@@ -344,34 +356,39 @@ static __thread size_t cap_part;
 
 #define PART_FLOATS ((size_t)(OWP + OWB + 1) * (G * OGP + 4 * V) + SLACK)
 
+typedef struct { const conv_args *a; const float *R; float *Y; } conv_ctx;
+
+static void conv_rows(const void *c, int lo, int hi) {  /* output rows [lo, hi) of N x OH, on any thread */
+    const conv_ctx *x = (const conv_ctx *)c;
+    const conv_args *a = x->a;
+    float *part = PART ? scratch(&buf_part, &cap_part, PART_FLOATS) : NULL;
+    for (int i = lo; i < hi; i++)
+        row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, i / OH, i % OH, a->cb, 0, G, 0, Og);
+}
+
+static void conv_blocks(const void *c, int lo, int hi) {  /* (group, channel block)s [lo, hi), on any thread */
+    const conv_ctx *x = (const conv_ctx *)c;
+    const conv_args *a = x->a;
+    float *part = PART ? scratch(&buf_part, &cap_part, PART_FLOATS) : NULL;
+    for (int i = lo; i < hi; i++) {
+        const int g = i / NB, b = i % NB;
+        for (int n = 0; n < N; n++)
+            for (int oh = 0; oh < OH; oh++)
+                row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, n, oh, a->cb, g, g + 1, b * OBW, (b + 1) * OBW);
+    }
+}
+
 void pf_conv(const conv_args *a) {
     copy_in(a->x, a->xp, a->threads);
     const float *R = a->res;
     float *Y = a->y;
     if (NCHW && RES) { to_nhwc(a->res, a->rt, O, OH * OW, a->threads); R = a->rt; }
     if (NCHW) Y = a->yt;
-    if (a->order == 0) {  /* rows outermost: each row reads every weight block */
-#ifdef _OPENMP
-        #pragma omp parallel for collapse(2) schedule(static) num_threads(a->threads) if (a->threads > 1)
-#endif
-        for (int n = 0; n < N; n++)
-            for (int oh = 0; oh < OH; oh++) {
-                float *part = PART ? scratch(&buf_part, &cap_part, PART_FLOATS) : NULL;
-                row(a->xp, a->w, a->scale, a->shift, R, Y, part, n, oh, a->cb, 0, G, 0, Og);
-            }
-    } else {  /* output-channel blocks outermost: a block's weights are read from memory once, then from cache */
-#ifdef _OPENMP
-        #pragma omp parallel for collapse(2) schedule(static) num_threads(a->threads) if (a->threads > 1)
-#endif
-        for (int g = 0; g < G; g++)
-            for (int b = 0; b < NB; b++) {
-                float *part = PART ? scratch(&buf_part, &cap_part, PART_FLOATS) : NULL;
-                for (int n = 0; n < N; n++)
-                    for (int oh = 0; oh < OH; oh++)
-                        row(a->xp, a->w, a->scale, a->shift, R, Y, part, n, oh, a->cb, g, g + 1, b * OBW,
-                            (b + 1) * OBW);
-            }
-    }
+    conv_ctx c = { a, R, Y };
+    if (a->order == 0)  /* rows outermost: each row reads every weight block */
+        pf_parfor(N * OH, a->threads, conv_rows, &c);
+    else  /* output-channel blocks outermost: a block's weights are read from memory once, then from cache */
+        pf_parfor(G * NB, a->threads, conv_blocks, &c);
     if (NCHW) to_nchw(a->yt, a->y, O, OH * OW, a->threads);
 }
 """
@@ -386,7 +403,7 @@ def source(p, knobs: dict[str, Any]) -> str:
         tile = _tile_conv(knobs["ob"], knobs["owb"], knobs["unroll"], vec_ops, sc_ops, knobs.get("pf", 0),
                           knobs["vec"])
     part = int(p.op == "conv" and knobs.get("cb", 1 << 30) < geometry(p)["Cg"])
-    return _defs(p, knobs) + f"#define PART {part}\n#define SLACK {SLACK}\n" + header() + _COPY + tile + _MAIN
+    return _defs(p, knobs) + f"#define PART {part}\n#define SLACK {SLACK}\n" + header() + PARFOR_C + _COPY + tile + _MAIN
 
 
 # -- binding: weights packed at load time ---------------------------------------------------------------------------
