@@ -34,8 +34,8 @@ Every OpenMP team and numpy's OpenBLAS threads are made to sleep when idle (``OM
 ``OPENBLAS_THREAD_TIMEOUT=4``, unless set), as planforge sets them: spinning threads of one runner (torch's, a
 two-thread plan's, numpy's for the fp32 plan) would take the cores the next is timed on. ONNX Runtime keeps
 its own spinning thread pool (what a user of it gets); so that its spin, or anything else a runner leaves
-running, does not land on the same neighbour every round, each round starts one runner further on, and
-each runner's calls start after a short pause (``planforge.measure.timing.SETTLE_S``).
+running, does not land on the same neighbour every round, each round after the first runs them in a fresh
+(seeded) order, and each runner's calls start after a short pause (``planforge.measure.timing.SETTLE_S``).
 
 Run (the machine's other load is printed beside the figures):
 
@@ -285,7 +285,7 @@ def torch_runners(model, ws, x):
 
 def interleaved(runners: dict, rounds: int, min_s: float = 0.02) -> dict[str, float]:
     """Median seconds per call of each runner, over ``rounds`` rounds that visit every runner in turn
-    (``planforge.measure.timing.interleaved``: each round one runner further on, a pause before each turn)."""
+    (``planforge.measure.timing.interleaved``: each round in a fresh order, a pause before each turn)."""
     calls = {}
     for name, f in runners.items():
         f()

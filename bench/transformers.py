@@ -179,8 +179,8 @@ def runners(module, args, threads: int, tmp: Path, notes: list[str]) -> dict:
 
 def time_all(fns: dict, rounds: int, per_round_s: float) -> dict[str, float]:
     """Median over rounds of each runner's median call time; runners interleaved within every round, each
-    round one runner further on and each turn after a pause (``planforge.measure.timing.interleaved``: ONNX
-    Runtime's and OpenVINO's pools spin after their calls, and took the cores of whichever runner came next)."""
+    round in a fresh order and each turn after a pause (``planforge.measure.timing.interleaved``: ONNX
+    Runtime's pool spins after its calls and slowed whichever runner came next)."""
     from planforge.measure.timing import interleaved
 
     for f in fns.values():

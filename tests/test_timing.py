@@ -6,14 +6,22 @@ import time
 from planforge.measure.timing import interleaved
 
 
-def test_rounds_rotate_so_no_runner_always_follows_the_same_one():
+def test_rounds_shuffle_so_no_runner_always_follows_the_same_one():
     calls: list[str] = []
-    runners = {k: (lambda k=k: calls.append(k)) for k in "abc"}
-    got = interleaved(runners, 4, lambda name, f: (f(), name)[1], settle_s=0)
-    assert calls == list("abc" "bca" "cab" "abc")
-    assert got == {k: [k] * 4 for k in "abc"}  # each sample is of its own runner, in its key's list
-    follows = {(calls[i], calls[i + 1]) for i in range(len(calls) - 1)}
-    assert ("c", "b") in follows and ("a", "c") in follows  # every runner comes after more than one other
+    runners = {k: (lambda k=k: calls.append(k)) for k in "abcd"}
+    got = interleaved(runners, 8, lambda name, f: (f(), name)[1], settle_s=0)
+    rounds = [calls[i:i + 4] for i in range(0, len(calls), 4)]
+    assert rounds[0] == list("abcd") and all(sorted(r) == list("abcd") for r in rounds)  # every runner once a round
+    assert got == {k: [k] * 8 for k in "abcd"}  # each sample is of its own runner, in its key's list
+    before = {k: {calls[i - 1] for i in range(1, len(calls)) if calls[i] == k} for k in "abcd"}
+    assert all(len(v) >= 2 for v in before.values()), before  # (a rotated start keeps each one's predecessor)
+    first = list(calls)
+    calls.clear()
+    interleaved(runners, 8, lambda name, f: f(), settle_s=0)
+    assert calls == first  # seeded: the same orders on every run
+    calls.clear()
+    interleaved(runners, 8, lambda name, f: f(), settle_s=0, seed=1)
+    assert calls != first
 
 
 def test_each_turn_starts_after_the_pause():

@@ -184,8 +184,8 @@ def _percentile(ts: Sequence[float], q: float) -> float:
 def measure(runners: dict[str, Callable[[], Any]], rounds: int = 3,
             cfg: TimingConfig = E2E_TIMING) -> dict[str, list[float]]:
     """Single-call times of each runner (the plan, the library, the model's runtimes), interleaved round by round
-    (``measure.timing.interleaved``: each round one runner further on, a pause before each turn, so that a
-    runtime's pool spinning after its calls does not take the cores of the runner after it; raw times pooled),
+    (``measure.timing.interleaved``: each round in a fresh order, a pause before each turn, so that a runtime's
+    pool spinning after its calls does not always take the cores of the same runner; raw times pooled),
     each slow one's rounds capped (``_fitted``)."""
     cfgs = {k: _fitted(f, cfg) for k, f in runners.items()}
     got = interleaved(runners, rounds, lambda k, f: time_fn(f, cfgs[k]))

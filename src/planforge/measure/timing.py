@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import dataclass, asdict
 from typing import Any, Callable, Mapping, TypeVar
@@ -75,18 +76,21 @@ T = TypeVar("T")
 
 
 def interleaved(runners: Mapping[str, Callable[[], Any]], rounds: int, sample: Callable[[str, Callable[[], Any]], T],
-                settle_s: float = SETTLE_S) -> dict[str, list[T]]:
+                settle_s: float = SETTLE_S, seed: int = 0) -> dict[str, list[T]]:
     """``sample(name, runner)`` of every runner, round by round, for runners compared side by side in one
     process.
 
-    Each round starts one runner further on, so that no runner always follows the same one, and each turn
-    starts after ``settle_s`` seconds idle, so that what the previous runner left running (a thread pool
-    spinning after its calls: ONNX Runtime's by default, OpenBLAS's for 0.1 s unless told otherwise) does
-    not take the cores this one is timed on."""
+    The first round runs them in the order given, each later one in a fresh order (shuffled, ``seed``), so that
+    no runner always follows the same one: a rotated start would not do, since in a cycle each runner's
+    predecessor stays the same. Each turn starts after ``settle_s`` seconds idle, so that what the previous runner
+    left running (a thread pool spinning after its calls: OpenBLAS's for 0.1 s unless told otherwise) has time
+    to stop; ONNX Runtime's spinning pool was measured to outlast 30 ms, which the shuffle (and the median over
+    rounds) is for."""
     order = list(runners.items())
+    rng = random.Random(seed)
     got: dict[str, list[T]] = {k: [] for k, _ in order}
     for r in range(rounds):
-        for k, f in order[r % len(order):] + order[:r % len(order)]:
+        for k, f in (order if r == 0 else rng.sample(order, len(order))):
             if settle_s > 0:
                 time.sleep(settle_s)
             got[k].append(sample(k, f))
