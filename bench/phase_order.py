@@ -75,21 +75,25 @@ def tuned(graph, budget: int, out: Path, order=None):
 
 
 def interleaved(fns: dict, rounds: int, min_s: float = 0.02) -> dict[str, float]:
-    """Median seconds per call of each zero-argument function, timed round by round in turn (each sample: calls
-    for at least ``min_s``), after one warm-up call each."""
-    times = {k: [] for k in fns}
+    """Median seconds per call of each zero-argument function, timed round by round (each sample: calls for at
+    least ``min_s``), after one warm-up call each; each round after the first in a fresh order and each turn
+    after a pause (``planforge.measure.timing.interleaved``: a runtime's pool spinning after its calls, ONNX
+    Runtime's, would otherwise always slow the same runner)."""
+    from planforge.measure.timing import interleaved as rounds_of
+
     for f in fns.values():
         f()
-    for _ in range(rounds):
-        for k, f in fns.items():
-            n, t0 = 0, time.perf_counter()
-            while True:
-                f()
-                n += 1
-                if time.perf_counter() - t0 > min_s:
-                    break
-            times[k].append((time.perf_counter() - t0) / n)
-    return {k: statistics.median(v) for k, v in times.items()}
+
+    def block(_name, f):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            f()
+            n += 1
+            if time.perf_counter() - t0 > min_s:
+                break
+        return (time.perf_counter() - t0) / n
+
+    return {k: statistics.median(v) for k, v in rounds_of(fns, rounds, block).items()}
 
 
 def main(argv=None):
