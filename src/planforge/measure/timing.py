@@ -71,7 +71,7 @@ def timed(fn: Callable[[], None], cfg: TimingConfig = TimingConfig(),
     return {"times": times, "other_load": load.share}
 
 
-SETTLE_S = 0.03  # idle before each runner's turn in ``interleaved``: long enough for spinning pools to sleep
+SETTLE_S = 0.03  # idle before each turn in ``interleaved``: OpenBLAS (timeout 4) and passive OpenMP are asleep by then
 T = TypeVar("T")
 
 
