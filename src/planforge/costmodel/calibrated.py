@@ -51,7 +51,6 @@ class PerStratum:
                  tiles: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None, shrink: float = 1.0):
         self.base, self.stratum, self.tiles, self.shrink = base, stratum, tiles, shrink
         self.name = getattr(base, "name", "analytic")
-        self.ratios: dict[str, list[float]] = {}
         self._rows: list[tuple[str, tuple, float]] = []  # (stratum, tile knob values, log measured / predicted)
         self._fit: tuple[dict[str, float], dict[Any, float], float] | None = None
 
@@ -65,9 +64,7 @@ class PerStratum:
         (p,) = self.base.predict([c])
         if p > 0 and np.isfinite(p):
             d = c.as_dict()
-            s = self.stratum(d)
-            self.ratios.setdefault(s, []).append(metric / p)
-            self._rows.append((s, self._tile_items(d), math.log(metric / p)))
+            self._rows.append((self.stratum(d), self._tile_items(d), math.log(metric / p)))
             self._fit = None
 
     def _fitted(self) -> tuple[dict[str, float], dict[Any, float], float]:
@@ -75,8 +72,11 @@ class PerStratum:
         if self._fit is not None:
             return self._fit
         if not self.tiles:  # the stratum alone: the median ratio of each, and of all for one not measured
-            self._fit = ({s: math.log(statistics.median(r)) for s, r in self.ratios.items()}, {},
-                         math.log(statistics.median(x for rs in self.ratios.values() for x in rs)))
+            by: dict[str, list[float]] = {}
+            for s, _, ly in self._rows:
+                by.setdefault(s, []).append(math.exp(ly))
+            self._fit = ({s: math.log(statistics.median(v)) for s, v in by.items()}, {},
+                         math.log(statistics.median(x for v in by.values() for x in v)))
             return self._fit
         strata = sorted({s for s, _, _ in self._rows})
         values = sorted({kv for _, t, _ in self._rows for kv in t})
@@ -131,7 +131,7 @@ class PerStratum:
 
     def __getattr__(self, name: str) -> Any:
         # everything else the base model offers (its sizes and ``at`` for the learned ranker's shape features)
-        if name in ("base", "stratum", "tiles", "shrink", "ratios", "_rows", "_fit"):
+        if name in ("base", "stratum", "tiles", "shrink", "_rows", "_fit"):
             raise AttributeError(name)
         return getattr(self.base, name)
 
