@@ -79,7 +79,7 @@ def test_fields_present_and_positive(prof):
     for table in (prof.bandwidth, prof.bandwidth_1t):
         assert set(table) == {"DRAM"} | {lvl for lvl, c in pr._CACHE_OF.items() if c in prof.caches}
         for per in table.values():
-            assert set(per) == {"read", "copy"}
+            assert set(per) == set(pr.BW_KINDS)
             numbers += per.values()
     assert all(math.isfinite(x) and x > 0 for x in numbers)
     # any CPU of this century does over a GFLOP/s in this kernel; less means a broken kernel or count

@@ -336,12 +336,13 @@ def probe(
     if ceil.kind != "cpu":
         return  # a GPU's facts above are its ceilings; the table below is per CPU thread
     bw = Table(title="bandwidth, GB/s", title_justify="left")
-    for col in ("level", f"read ({ceil.threads} threads)", f"copy ({ceil.threads} threads)", "read (1 thread)",
-                "copy (1 thread)"):
+    kinds = {"read": "read", "read4": "read, 4 streams", "copy": "copy"}
+    for col in ("level", *(f"{label} ({n})" for n in (f"{ceil.threads} threads", "1 thread")
+                           for label in kinds.values())):
         bw.add_column(col, justify="right" if col != "level" else "left")
     for level in LEVELS:
         if level in ceil.bw:
-            vals = [ceil.bw[level][k][1 if a else 0] for a in (True, False) for k in ("read", "copy")]
+            vals = [ceil.bw[level].get(k, (None, None))[1 if a else 0] for a in (True, False) for k in kinds]
             bw.add_row(level, *(f"{v / 1e9:.1f}" if v else "-" for v in vals))
     out_console.print(bw)
     if ceil.threads > 1:

@@ -249,8 +249,10 @@ def _one_point(space: Space) -> dict[str, np.ndarray]:
 
 def _finish(m: AnalyticModel, n: int, *, flops, threads, active, compute_lb, compute_pred,
             traffic: dict[str, np.ndarray], compulsory, serial_s=0.0, fits=None, reason=None,
-            extra=None) -> Estimate:
-    """Turn per-level traffic and compute terms into bounds and a prediction."""
+            extra=None, streams=1) -> Estimate:
+    """Turn per-level traffic (the slowest thread's bytes) and compute terms into bounds and a prediction
+    (``streams``: the sequential streams each thread reads at once, which every level's read bandwidth
+    depends on)."""
     c = m.ceil
     threads = np.broadcast_to(np.asarray(threads), (n,))
     active = np.broadcast_to(np.asarray(active), (n,))
@@ -261,9 +263,11 @@ def _finish(m: AnalyticModel, n: int, *, flops, threads, active, compute_lb, com
     # bound leaves the call out and keeps only the fork-join a parallel kernel cannot avoid
     bound = np.maximum(compute_lb, mem_lb) + launch
     memory_s = {}
+    # ``traffic`` is the slowest thread's bytes; the team's bandwidth is shared by its active threads
+    share = np.maximum(1.0, active.astype(float))
     for lvl, b in traffic.items():
         if lvl in c.bw:
-            memory_s[lvl] = np.broadcast_to(b, (n,)) / c.bandwidth(lvl, active, "read")
+            memory_s[lvl] = np.broadcast_to(b, (n,)) * share / c.bandwidth(lvl, active, "read", streams)
     terms = [np.broadcast_to(compute_pred, (n,)), *memory_s.values()]
     top = np.maximum.reduce(terms)
     # compute and the memory levels overlap, but not perfectly: a share of the other terms shows
@@ -426,9 +430,11 @@ def _gemv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     tail_s = tail_flops / c.rate_est(1) + tail * K * LINE_BYTES / c.bandwidth_at(home, 1)
     extra = {"imbalance": jbv * per * active / float(N), "tail_frac": tail / float(N), "ilp": ilp,
              "packed": packed.astype(float)}
+    # each block walks its ksplit chunks of K together: that many sequential streams per thread
     return _finish(m, n, flops=vec_flops + tail_flops, threads=T, active=active,
                    compute_lb=compute_lb + tail_flops / c.rate_bound(1),
-                   compute_pred=compute_pred, traffic=traffic, compulsory=foot, serial_s=tail_s, extra=extra)
+                   compute_pred=compute_pred, traffic=traffic, compulsory=foot, serial_s=tail_s, extra=extra,
+                   streams=ks)
 
 
 _ROW_SWEEPS = {"softmax": (2, 2, 1), "eltwise": (1, 1, 0)}  # reads of x, writes of y, re-reads of y per element

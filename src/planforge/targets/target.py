@@ -41,7 +41,8 @@ class Ceilings:
         rate_bits: one-thread (one-core, one-SM) FLOP/s per vector width in bits.
         speedup: all-thread peak over one-thread peak.
         threads: the threads an all-thread run uses.
-        bw: per level, per kind ("read", "copy"), (one-thread, all-thread) bytes/s.
+        bw: per level, per kind ("read", "copy"; optionally "read4": a read of four
+            sequential streams per thread at once), (one-thread, all-thread) bytes/s.
         cache: per cache level, (bytes of one instance, instances, threads sharing one).
         call_s: seconds of one call into a compiled kernel.
         launch_s: seconds of one start and join of a team of ``threads`` threads.
@@ -101,9 +102,18 @@ class Ceilings:
         return np.minimum(np.asarray(threads, dtype=float), self.speedup)
 
     # -- memory ----------------------------------------------------------------
-    def bandwidth(self, level: str, threads, kind: str = "read") -> np.ndarray:
+    def bandwidth(self, level: str, threads, kind: str = "read", streams=1) -> np.ndarray:
+        """Bytes/s ``threads`` threads reach at ``level``; a "read" of ``streams`` sequential streams per
+        thread at once (a GEMV's K split walks that many regions) is read at the measured one-stream and
+        four-stream rates, interpolated in log2(streams) and held past four. Without a "read4" figure
+        every read is a one-stream read."""
         one, allt = self.bw[level][kind]
-        return np.minimum(np.asarray(threads, dtype=float) * one, allt)
+        t = np.asarray(threads, dtype=float)
+        if kind == "read" and "read4" in self.bw[level]:
+            w = np.clip(np.log2(np.maximum(1.0, np.asarray(streams, dtype=float))) / 2.0, 0.0, 1.0)
+            one4, all4 = self.bw[level]["read4"]
+            return np.minimum(t * (one + w * (one4 - one)), allt + w * (all4 - allt))
+        return np.minimum(t * one, allt)
 
     def capacity(self, level: str, threads=1) -> np.ndarray:
         """Bytes of ``level`` that ``threads`` threads have between them."""
@@ -140,20 +150,20 @@ class Ceilings:
             if lvl not in self.bw:
                 continue
             must = nbytes if cold else np.maximum(0.0, nbytes - above)
-            fastest = np.maximum(self.bandwidth(lvl, threads, "read"), self.bandwidth(lvl, threads, "copy"))
+            fastest = np.maximum.reduce([self.bandwidth(lvl, threads, k) for k in self.bw[lvl]])
             t = np.maximum(t, must / fastest)
             if lvl in self.cache:
                 above = above + self.capacity(lvl, threads)
         return t
 
-    def bandwidth_at(self, level_idx, threads) -> np.ndarray:
+    def bandwidth_at(self, level_idx, threads, streams=1) -> np.ndarray:
         """Read bandwidth of the level each entry of ``level_idx`` (into ``LEVELS``) names."""
         level_idx = np.asarray(level_idx)
         out = np.zeros(level_idx.shape)
         for i, lvl in enumerate(LEVELS):
             if lvl in self.bw:
-                out = np.where(level_idx == i, self.bandwidth(lvl, threads), out)
-        return np.where(out > 0, out, self.bandwidth("DRAM", threads))
+                out = np.where(level_idx == i, self.bandwidth(lvl, threads, streams=streams), out)
+        return np.where(out > 0, out, self.bandwidth("DRAM", threads, streams=streams))
 
 
 

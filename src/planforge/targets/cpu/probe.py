@@ -48,13 +48,16 @@ from typing import Any, Callable, NamedTuple
 from .build import ISAS, BuildError, IsaError, build, cache_dir, compiler, isa_choice, load
 from ...space import fingerprint_of
 
-PROBE_VERSION = 1
+# 2: bandwidth has a "read4" kind (four streams per thread), which the cost model reads for kernels that keep
+# several streams in flight; a version 1 profile is measured again
+PROBE_VERSION = 2
 
 # ISA flags worth knowing for kernel choice (names as /proc/cpuinfo spells them).
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
              "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "neon", "asimd", "asimdhp", "asimddp", "sve")
 
 LEVELS = ("L1", "L2", "L3", "DRAM")  # bandwidth levels; L1..L3 measure the caches named L1d, L2, L3
+BW_KINDS = ("read", "copy", "read4")  # pf_bw's kinds 0, 1, 2
 _CACHE_OF = {"L1": "L1d", "L2": "L2", "L3": "L3"}
 
 # Share of all CPUs' time that other processes may use while the probe measures
@@ -141,7 +144,9 @@ class DeviceProfile:
             "256", "512" bits); kernels that use narrower vectors see these.
         bandwidth / bandwidth_1t: bytes/s per level ("L1", "L2", "L3", "DRAM";
             a level whose cache size is unknown is absent) and kind ("read": sum
-            of a buffer; "copy": bytes read + bytes written, as STREAM counts),
+            of a buffer; "copy": bytes read + bytes written, as STREAM counts;
+            "read4": the same sum over the buffer's four quarters at once, four
+            sequential streams per thread),
             summed over up to ``threads`` threads / on one thread. Buffers:
             half of one cache instance (split between the threads sharing it);
             DRAM 8x the last-level cache, at least 256 MiB.
@@ -197,11 +202,11 @@ class DeviceProfile:
         return self.other_load is not None and self.other_load > BUSY_LOAD
 
     def bw(self, level: str, kind: str = "read", all_threads: bool = True) -> float | None:
-        """Bandwidth in bytes/s of ``level`` ("L1", "L2", "L3", "DRAM") for ``kind`` ("read" or "copy");
-        None when that level was not measured."""
-        if level not in LEVELS or kind not in ("read", "copy"):
+        """Bandwidth in bytes/s of ``level`` ("L1", "L2", "L3", "DRAM") for ``kind`` ("read", "copy" or
+        "read4"); None when that level was not measured."""
+        if level not in LEVELS or kind not in BW_KINDS:
             raise ValueError(f"unknown bandwidth {level!r}/{kind!r}: levels are {', '.join(LEVELS)}, "
-                             f"kinds read and copy")
+                             f"kinds {', '.join(BW_KINDS)}")
         return (self.bandwidth if all_threads else self.bandwidth_1t).get(level, {}).get(kind)
 
     def to_dict(self) -> dict[str, Any]:
@@ -734,6 +739,23 @@ static float read_pass(const vec *restrict p, size_t n) {
     return r;
 }
 
+/* The same sum over four quarters of the slice at once: four sequential streams in flight, as a kernel
+   that walks several regions together has (a GEMV's K split, a GEMM's panels). One stream per core
+   can leave memory-level parallelism unused: the prefetchers track each stream on its own. */
+static float read_pass4(const vec *restrict p, size_t n) {
+    vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+    const size_t q = n / 4; /* n is a multiple of 2 * UNR vectors: each quarter of 2 */
+    const vec *restrict p0 = p, *restrict p1 = p + q, *restrict p2 = p + 2 * q, *restrict p3 = p + 3 * q;
+    for (size_t i = 0; i < q; i += 2) {
+        a0 += p0[i]; a1 += p0[i + 1]; a2 += p1[i]; a3 += p1[i + 1];
+        a4 += p2[i]; a5 += p2[i + 1]; a6 += p3[i]; a7 += p3[i + 1];
+    }
+    vec s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
+    float r = 0;
+    for (int k = 0; k < VB / 4; k++) r += s[k];
+    return r;
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("no-tree-loop-distribute-patterns"))) /* keep our loop, not a libc memcpy */
 #endif
@@ -741,7 +763,7 @@ static void copy_pass(vec *restrict d, const vec *restrict s, size_t n) {
     for (size_t i = 0; i < n; i++) d[i] = s[i];
 }
 
-/* kind 0: read, 1: copy. Seconds for ``reps`` passes over every slice;
+/* kind 0: read, 1: copy, 2: read as four streams. Seconds for ``reps`` passes over every slice;
    ``*moved`` gets the bytes moved by all threads, ``*clean`` as for pf_fma. */
 double pf_bw(int kind, float *buf, long bytes, long reps, int threads, double *moved, double *clean) {
     double t0 = 0, t1 = 0, share[MAXT];
@@ -755,7 +777,7 @@ double pf_bw(int kind, float *buf, long bytes, long reps, int threads, double *m
         int t = TID();
         vec *p = (vec *)((char *)buf + (size_t)t * (size_t)bytes);
         float acc = 0;
-        if (kind == 0) acc += read_pass(p, nvec); /* warm: bring the slice into its cache level */
+        if (kind != 1) acc += read_pass(p, nvec); /* warm: bring the slice into its cache level */
         else copy_pass(p + off, p, ncopy);
 #pragma omp barrier
 #pragma omp master
@@ -770,6 +792,11 @@ double pf_bw(int kind, float *buf, long bytes, long reps, int threads, double *m
                 acc += read_pass(p, nvec);
                 __asm__ __volatile__("" ::: "memory"); /* each pass really loads: no hoisting */
             }
+        else if (kind == 2)
+            for (long r = 0; r < reps; r++) {
+                acc += read_pass4(p, nvec);
+                __asm__ __volatile__("" ::: "memory");
+            }
         else
             for (long r = 0; r < reps; r++) {
                 copy_pass(p + off, p, ncopy);
@@ -782,7 +809,7 @@ double pf_bw(int kind, float *buf, long bytes, long reps, int threads, double *m
         t1 = now();
         pf_sink[t * 16] = acc;
     }
-    *moved = (double)VB * (double)(kind == 0 ? nvec : 2 * ncopy) * (double)reps * team;
+    *moved = (double)VB * (double)(kind != 1 ? nvec : 2 * ncopy) * (double)reps * team;
     *clean = pf_clean_min(share, team);
     return t1 - t0;
 }
@@ -962,7 +989,7 @@ def _bandwidths(lib: ctypes.CDLL, hw: Hardware, threads: int, effort: _Effort, n
                 continue
             per_thread, single = slices[level]
             progress(f"bandwidth {level}")
-            for kind_id, kind in enumerate(("read", "copy")):
+            for kind_id, kind in enumerate(BW_KINDS):
                 rate, n1, ok = _best_rate(_bw_run(lib, kind_id, buf, single, 1), effort)
                 out_1t.setdefault(level, {})[kind] = rate
                 if not ok:

@@ -47,10 +47,10 @@ def ceilings_of(profile: DeviceProfile, launch_s: float | None = None) -> Ceilin
         one = profile.bandwidth_1t.get(lvl, {})
         allt = profile.bandwidth.get(lvl, {})
         kinds = {}
-        for kind in ("read", "copy"):
+        for kind in ("read", "copy", "read4"):
             if one.get(kind):
                 kinds[kind] = (float(one[kind]), float(allt.get(kind) or one[kind]))
-        if kinds:
+        if kinds.keys() & {"read", "copy"}:
             kinds.setdefault("read", kinds.get("copy"))
             kinds.setdefault("copy", kinds["read"])
             bw[lvl] = kinds
