@@ -70,6 +70,12 @@ def _vecs(lim) -> tuple[int, ...]:
 PAR_MACS = 10 ** 7
 
 
+def _weight_bytes(g, lim) -> int:
+    """Bytes of a convolution's packed weights (output channels padded to the widest vector)."""
+    vec = max(_vecs(lim))
+    return 4 * g["G"] * g["KH"] * g["KW"] * g["Cg"] * (-(-g["Og"] // vec) * vec)
+
+
 def _macs(g) -> int:
     return g["N"] * g["OH"] * g["OW"] * g["O"] * g["Cg"] * g["KH"] * g["KW"]
 
@@ -79,7 +85,7 @@ def space(p, lim) -> Space:
     g = geometry(p)
     consts = {"ow": g["OW"], "og": g["Og"], "cg": g["Cg"], "c": g["C"], "k": g["KH"] * g["KW"], "o": g["O"],
               "vregs": lim.vector_registers, "l1_bytes": lim.caches["L1d"], "l2_bytes": lim.caches["L2"],
-              "rows": g["N"] * g["OH"], "macs": _macs(g), "par_macs": PAR_MACS}
+              "rows": g["N"] * g["OH"], "macs": _macs(g), "par_macs": PAR_MACS, "wbytes": _weight_bytes(g, lim)}
     common = [categorical("vec", _vecs(lim)), categorical("owb", (1, 2, 3, 4, 6, 8)), categorical("unroll", (1, 2, 4)),
               categorical("threads", tuple(range(1, lim.physical_cores + 1)))]
     shared = ["owb <= max(1, ow)", "threads <= rows", "threads == 1 or macs >= par_macs"]
@@ -92,6 +98,11 @@ def space(p, lim) -> Space:
                  [*shared,
                   # channel blocks outermost: no more threads than blocks of ob * vec output channels
                   "order == 0 or threads * ob * vec <= o + ob * vec - 1",
+                  # rows outermost only while the packed weights stay in half the L2 (or there is one row): past
+                  # that each row reads them from the L3 again. ResNet-18's 256-channel 3x3 at 6x6 (2.4 MB of weights),
+                  # two threads, in one process: 0.58 ms channel blocks outermost against 0.68 rows outermost hot, 0.55
+                  # against 0.69 with the L2 swept before each call; its tuned plan had picked rows outermost twice
+                  "order == 1 or 2 * wbytes <= l2_bytes or rows == 1",
                   # accumulators + weight vectors + one broadcast input in the register file
                   "owb * ob + ob + 1 <= vregs",
                   # no vector block wider than a group's output channels call for
@@ -127,8 +138,7 @@ def defaults(p, lim) -> dict[str, Any]:
         cb *= 2
     # rows outermost read every weight once per output row: from cache while the packed weights fit half the L2,
     # else from memory each row, and then output-channel blocks go outermost (each block's weights read once)
-    ogp = -(-g["Og"] // vec) * vec
-    order = int(4 * g["G"] * g["KH"] * g["KW"] * g["Cg"] * ogp > lim.caches["L2"] // 2 and rows > 1)
+    order = int(2 * _weight_bytes(g, lim) > lim.caches["L2"] and rows > 1)
     if order and threads * ob * vec > g["O"] + ob * vec - 1:
         threads = 1
     # software prefetch 16 KiB ahead in the weight stream where it comes from memory (512 channels at 3x3, cold
