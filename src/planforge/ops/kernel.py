@@ -28,7 +28,7 @@ from typing import Any
 _CONV_DIMS = "N,C,H,W,O,KH,KW,SH,SW,PT,PL,PB,PR,DH,DW,G"
 KERNELS = {"gemm": "M,N,K", "gemv": "N,K", "softmax": "rows,cols", "layernorm": "rows,cols", "rms": "rows,cols",
            "eltwise": "rows,cols",
-           "conv": _CONV_DIMS, "dwconv": _CONV_DIMS, "attention": "BH,G,S,T,D,DV"}
+           "conv": _CONV_DIMS, "dwconv": _CONV_DIMS, "attention": "BH,G,S,T,D,DV", "rope": "B,H,S,D", "swap12": "B,X,Y,D"}
 MAY_BE_ZERO = {"PT", "PL", "PB", "PR"}  # a convolution's padding
 
 
@@ -123,6 +123,8 @@ class Problem:
             raise ProblemError(f"{self.op} takes no epilogue")
         if self.op == "layernorm":
             layernorm_eps(self.epilogue)
+        if self.op == "rope" and (self.epilogue not in ("bhsd", "bshd") or self.dims[3] % 2):
+            raise ProblemError(f"rope {self.dims} {self.epilogue!r}: expected an even head width D and layout bhsd or bshd")
         if self.op == "attention":
             kind, _, scale = self.epilogue.partition(":")
             if kind not in ("full", "causal") or not _is_float(scale):

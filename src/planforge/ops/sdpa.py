@@ -178,6 +178,111 @@ def _torch(em, node, a, kw):
     return lower(em, q, k, v, mask, causal, kw.get("scale"), node.name, bool_mask=is_bool)
 
 
+# -- sdpa_rep: sdpa of key/value heads repeated by reshape, expand, reshape (Hugging Face's ``repeat_kv``) --------
+# The ``algebra`` rule below makes ``sdpa(q, R(k), R(v))``, ``R`` = reshape -> expand -> reshape, equal to the
+# internal ``sdpa_rep(q, k, v)`` whose attribute records sdpa's and the six shapes (``|``-separated), so its
+# semantics are the matched expression's for any shapes. Where ``R`` is the repetition of each kv head G times in
+# place (``[.., Hk, T, D] -> [.., Hk, 1, T, D] -> [.., Hk, G, T, D] -> [.., Hk * G, T, D]``), which is what grouped-
+# query attention reads anyway, the attention template runs it on the unrepeated k and v (no copies) and the
+# library step runs sdpa's grouped form; otherwise the library step repeats as written.
+
+REP = "|"
+
+
+def _rep_parse(s: str) -> dict:
+    from .base import ints
+
+    parts = s.split(REP)
+    if len(parts) != 7:
+        raise ValueError(f"sdpa_rep attribute {s!r}: expected sdpa's attribute and six shapes, |-separated")
+    at = OPS[0].from_egg(parts[0])
+    at["shapes"] = tuple(ints(x) for x in parts[1:])
+    return at
+
+
+def _rep_unparse(attrs) -> str:
+    return REP.join([OPS[0].egg_attr(attrs), *(",".join(map(str, x)) for x in attrs["shapes"])])
+
+
+def _repeated(x, shapes):
+    """(x's shape, or x) after reshape, expand, reshape by ``shapes``."""
+    from .registry import REGISTRY
+
+    r1, e, r2 = shapes
+    if isinstance(x, np.ndarray):
+        return np.broadcast_to(x.reshape(r1), e).reshape(r2)
+    a = REGISTRY["reshape"].shape([x], {"shape": r1})
+    b = REGISTRY["expand"].shape([a], {"shape": e})
+    return REGISTRY["reshape"].shape([b], {"shape": r2})
+
+
+def _rep_shape(s, attrs):
+    sh = attrs["shapes"]
+    return shape([s[0], _repeated(s[1], sh[:3]), _repeated(s[2], sh[3:])], attrs)
+
+
+def _rep_reference(a, attrs):
+    sh = attrs["shapes"]
+    return reference([a[0], _repeated(a[1], sh[:3]), _repeated(a[2], sh[3:])], attrs)
+
+
+def kv_groups(q, k, v, shapes) -> int | None:
+    """G where both repetitions are ``repeat_kv`` by G and q has Hk * G heads; else None."""
+    if len(k) < 3 or len(v) != len(k) or len(q) != len(k):
+        return None
+    g = None
+    for x, (r1, e, r2) in ((k, shapes[:3]), (v, shapes[3:])):
+        lead, hk, tail = tuple(x[:-3]), x[-3], tuple(x[-2:])
+        if len(e) != len(x) + 1:
+            return None
+        gx = e[-3]
+        if (tuple(r1), tuple(e), tuple(r2)) != ((*lead, hk, 1, *tail), (*lead, hk, gx, *tail), (*lead, hk * gx, *tail)):
+            return None
+        if g not in (None, gx):
+            return None
+        g = gx
+    return g if g is not None and q[-3] == k[-3] * g and tuple(q[:-3]) == tuple(k[:-3]) else None
+
+
+def _rep_kernel(s, out, attrs):
+    q, k, v = s
+    if kv_groups(q, k, v, attrs["shapes"]) is None:
+        return None
+    return kernel(s, out, attrs)
+
+
+def _rep_step(ins, out, attrs):
+    q, k, v = ins
+    sh = attrs["shapes"]
+    if kv_groups(q.shape, k.shape, v.shape, sh) is not None:
+        return _step(ins, out, attrs)                  # sdpa's grouped form reads each kv head for its G queries
+    kb, vb = np.empty(sh[2], np.float32), np.empty(sh[5], np.float32)
+    inner = _step([q, kb, vb], out, attrs)
+
+    def run():
+        np.copyto(kb.reshape(sh[1]), np.broadcast_to(k.reshape(sh[0]), sh[1]))
+        np.copyto(vb.reshape(sh[4]), np.broadcast_to(v.reshape(sh[3]), sh[4]))
+        inner()
+
+    return run
+
+
+def _rep_rules(E, v):
+    from egglog import String, join, rewrite, var
+
+    q, k, vv = v.x, v.y, v.w
+    r = [var(f"kv_{i}", String) for i in range(7)]
+
+    def rep(x, a, b, c):
+        return E("reshape", E("expand", E("reshape", x, attr=a), attr=b), attr=c)
+
+    parts = [r[0]]
+    for x in r[1:]:
+        parts += [REP, x]
+    return {"algebra": [rewrite(E("sdpa", q, rep(k, *r[1:4]), rep(vv, *r[4:7]), attr=r[0])).to(
+        E("sdpa_rep", q, k, vv, attr=join(*parts)))]}
+
+
 OPS = [Op(
     "sdpa", 3, shape, reference,
     library={"sdpa": Library(_step, workspace=_workspace, passes=9)},
@@ -189,4 +294,13 @@ OPS = [Op(
     torch={"scaled_dot_product_attention": _torch},
     tolerance_terms=lambda s: s[1][-2] + s[0][-1],
     doc="scaled dot-product attention (causal, grouped-query)",
+), Op(
+    "sdpa_rep", 3, _rep_shape, _rep_reference,
+    library={"sdpa_rep": Library(_rep_step, workspace=_workspace, passes=9)},
+    egg_attr=_rep_unparse, from_egg=_rep_parse, rules=_rep_rules,
+    flops=lambda s, out, attrs: flops([s[0], _repeated(s[1], attrs["shapes"][:3]), s[2]], out, attrs),
+    templated=True, kernel=_rep_kernel,
+    tolerance_terms=lambda s: s[1][-2] + s[0][-1],
+    internal=True,
+    doc="sdpa of key/value heads repeated by reshape, expand, reshape (repeat_kv folded into the attention)",
 )]

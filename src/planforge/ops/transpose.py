@@ -25,6 +25,16 @@ def _step(ins, out, attrs):
     return lambda: np.copyto(out, np.transpose(a, perm))
 
 
+def kernel(s, out, attrs):
+    """The head transpose ``[B, X, Y, D] -> [B, Y, X, D]`` (perm 0,2,1,3: rows of D floats moved whole) as the
+    native row-copy template (``templates/attention.py``); None for any other permutation."""
+    from .kernel import Problem
+
+    if len(s[0]) != 4 or _perm(attrs, 4) != (0, 2, 1, 3):
+        return None
+    return Problem("swap12", tuple(s[0]))
+
+
 def _rules(E, v):
     return {"algebra": [rewrite(E("transpose", E("transpose", v.x, attr=p), attr=p)).to(v.x) for p in INVOLUTIONS]}
 
@@ -53,6 +63,8 @@ OPS = [Op(
     egg_attr=lambda attrs: ",".join(map(str, attrs.get("perm") or ())),
     from_egg=lambda s: {"perm": ints(s) or None},
     rules=_rules,
+    templated=True,
+    kernel=kernel,
     flops=lambda s, out, attrs: 0.0,
     torch={"t": _torch_t, "numpy_T": _torch_t, "permute": lambda em, node, a, kw: em.transpose(a[0], a[1], node.name),
            "transpose": _torch_transpose},

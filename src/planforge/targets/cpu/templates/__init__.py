@@ -137,6 +137,11 @@ TEMPLATES: dict[str, Template] = {
     "attention": Template("attention", space=attention.space, defaults=attention.defaults, source=attention.source,
                           bind=attention.bind, plan_inputs=attention.plan_inputs,
                           openmp_threads=False),  # (head, query block) tasks claimed (templates/parfor.py)
+    "rope": Template("rope", space=attention.rope_space, defaults=attention.rope_defaults,
+                     source=attention.rope_source, bind=attention.rope_bind, plan_inputs=attention.rope_plan_inputs,
+                     openmp_threads=False),  # rows claimed (templates/parfor.py)
+    "swap12": Template("swap12", space=attention.swap_space, source=attention.swap_source, bind=attention.swap_bind,
+                       plan_inputs=lambda p, ins: {"x": ins[0]}, openmp_threads=False),  # rows claimed (parfor)
 }
 
 

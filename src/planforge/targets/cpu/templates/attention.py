@@ -70,13 +70,31 @@ def defaults(p, lim) -> dict[str, Any]:
 
 
 _KERNEL = r"""
+#if V > 1
+/* the lanes of v summed as a tree (halves added, log2(V) dependent adds) rather than one chain of V - 1 adds:
+   the chain's latency was most of a score's cost */
+typedef float f8 __attribute__((vector_size(32)));
+typedef float f4 __attribute__((vector_size(16)));
+static inline float hsum(vf v) {
+    float t[V];
+    memcpy(t, &v, sizeof v);
+#if V >= 16
+    { f8 a, b; memcpy(&a, t, 32); memcpy(&b, t + 8, 32); a += b; memcpy(t, &a, 32); }
+#endif
+#if V >= 8
+    { f4 a, b; memcpy(&a, t, 16); memcpy(&b, t + 4, 16); a += b; memcpy(t, &a, 16); }
+#endif
+    return (t[0] + t[2]) + (t[1] + t[3]);
+}
+#endif
+
 static inline float dot(const float *a, const float *b) {
     int c = 0;
     float s = 0.0f;
 #if V > 1
     vf acc = vset(0.0f);
     for (; c + V <= D; c += V) acc += vload(a + c) * vload(b + c);
-    s = vsum(acc);
+    s = hsum(acc);
 #endif
     for (; c < D; c++) s += a[c] * b[c];
     return s;
@@ -134,12 +152,25 @@ static void tasks(const void *c, int lo, int hi) {
                     scal(acc[ii], corr);
                     m[ii] = mx;
                 }
-                float sum = 0.0f;
-                for (int j = j0; j < je; j++) {
-                    const float pj = expf(s[ii][j - j0] - mx);
-                    sum += pj;
-                    axpy(acc[ii], pj, v + (long)j * DV);
+                float sum = 0.0f, *si = s[ii];
+                int j = j0;
+#if V > 1
+                {   /* the block's exponentials V at a time */
+                    const vf mv = vset(mx);
+                    vf sv = vset(0.0f);
+                    for (; j + V <= je; j += V) {
+                        const vf pv = vexp(vload(si + (j - j0)) - mv);
+                        vstore(si + (j - j0), pv);
+                        sv += pv;
+                    }
+                    sum = hsum(sv);
                 }
+#endif
+                for (; j < je; j++) {
+                    si[j - j0] = expf(si[j - j0] - mx);
+                    sum += si[j - j0];
+                }
+                for (j = j0; j < je; j++) axpy(acc[ii], si[j - j0], v + (long)j * DV);
                 l[ii] += sum;
             }
         }
@@ -172,8 +203,13 @@ def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
     v = np.ascontiguousarray(inputs["v"], np.float32).reshape(BH, T, DV)
     if not out.flags.c_contiguous:
         raise ValueError("attention writes a C-contiguous output")
-    args = AttnArgs(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, int(knobs["threads"]))
-    return struct_call(lib.attention, args, keep=(q, k, v, out))
+    return _call(lib.attention, (q, k, v, out), knobs)
+
+
+def _call(fn, arrays, knobs):
+    """``fn(&{four pointers, threads})`` as a step (the attention and rope kernels take the same struct)."""
+    args = AttnArgs(*(a.ctypes.data for a in arrays), int(knobs["threads"]))
+    return struct_call(fn, args, keep=arrays)
 
 
 def plan_inputs(p, ins: list) -> dict:
@@ -243,3 +279,211 @@ def _torch(p, inp, out):
 
 FACTS = Facts(inputs=_inputs, output_shape=output_shape, reference=reference, tolerance=tolerance, flops=_flops,
               numpy=_numpy, torch=_torch)
+
+
+# -- rotary embedding: Problem("rope", (B, H, S, D), "bhsd" | "bshd") ------------------------------------------------
+# y[b, h, s] = x[b, h, s] * cos[s] + rotate_half(x[b, h, s]) * sin[s], rotate_half(x) = (-x[D/2:], x[:D/2]); with
+# "bshd" the row x[b, h, s] is read from a [B, S, H, D] value (the projection's layout) in place: the head transpose
+# is the row's address, not a copy. Rows are claimed in chunks by ``threads``; knobs: vec, threads.
+
+def _rope_layout(p) -> bool:
+    """True for the [B, S, H, D] input layout."""
+    if p.epilogue not in ("bhsd", "bshd") or p.dims[3] % 2:
+        raise ProblemError(f"rope {p.dims} {p.epilogue!r}: expected an even head width and layout bhsd or bshd")
+    return p.epilogue == "bshd"
+
+
+def rope_space(p, lim) -> Space:
+    B, H, S, D = p.dims
+    _rope_layout(p)
+    return Space([categorical("vec", (1,) + tuple(v for v in (4, 8, 16) if v <= lim.vector_lanes)),
+                  categorical("threads", tuple(range(1, lim.physical_cores + 1)))],
+                 ["vec <= max(1, half)", "threads <= rows"], constants={"half": D // 2, "rows": B * H * S})
+
+
+def rope_defaults(p, lim) -> dict[str, Any]:
+    B, H, S, D = p.dims
+    return {"vec": max(v for v in (1, 4, 8, 16) if v <= lim.vector_lanes and v <= max(1, D // 2)), "threads": 1}
+
+
+_ROPE = r"""
+typedef struct { const float *x, *cs, *sn; float *y; int threads; } rope_args;
+
+static void rope_rows(const void *c, int lo, int hi) {
+    const rope_args *a = (const rope_args *)c;
+    for (int r = lo; r < hi; r++) {
+        const long b = r / (H * S), h = (r / S) % H, s = r % S;
+        const float *x = a->x + (BSHD ? ((b * S + s) * H + h) * (long)D : (long)r * D);
+        const float *cs = a->cs + s * D, *sn = a->sn + s * D;
+        float *y = a->y + (long)r * D;
+        int c0 = 0;
+#if V > 1
+        for (; c0 + V <= HALF; c0 += V) {
+            vf x1 = vload(x + c0), x2 = vload(x + HALF + c0);
+            vstore(y + c0, x1 * vload(cs + c0) - x2 * vload(sn + c0));
+            vstore(y + HALF + c0, x2 * vload(cs + HALF + c0) + x1 * vload(sn + HALF + c0));
+        }
+#endif
+        for (; c0 < HALF; c0++) {
+            const float x1 = x[c0], x2 = x[HALF + c0];
+            y[c0] = x1 * cs[c0] - x2 * sn[c0];
+            y[HALF + c0] = x2 * cs[HALF + c0] + x1 * sn[HALF + c0];
+        }
+    }
+}
+
+void rope(const rope_args *a) {
+    pf_parfor(B * H * S, a->threads, rope_rows, a);  /* rows claimed in chunks (templates/parfor.py) */
+}
+"""
+
+
+def rope_source(p, knobs) -> str:
+    B, H, S, D = p.dims
+    defs = {"V": knobs["vec"], "B": B, "H": H, "S": S, "D": D, "HALF": D // 2, "BSHD": int(_rope_layout(p))}
+    return "".join(f"#define {k} {v}\n" for k, v in defs.items()) + header() + PARFOR_C + _ROPE
+
+
+def _rope_in_shape(p) -> tuple[int, ...]:
+    B, H, S, D = p.dims
+    return (B, S, H, D) if _rope_layout(p) else (B, H, S, D)
+
+
+def rope_bind(lib, p, knobs, inputs: dict, out: np.ndarray):
+    B, H, S, D = p.dims
+    x = np.ascontiguousarray(inputs["x"], np.float32)
+    cs, sn = (np.ascontiguousarray(inputs[k], np.float32) for k in ("cos", "sin"))
+    if x.size != B * H * S * D or cs.size != S * D or sn.size != S * D:
+        raise ValueError(f"rope {p.dims}: x has {x.size} values, cos {cs.size}, sin {sn.size} (tables are S x D)")
+    if not out.flags.c_contiguous or out.size != B * H * S * D:
+        raise ValueError("rope writes a C-contiguous [B, H, S, D] output")
+    return _call(lib.rope, (x, cs, sn, out), knobs)
+
+
+def rope_plan_inputs(p, ins: list) -> dict:
+    return {"x": ins[0], "cos": ins[1], "sin": ins[2]}
+
+
+def _rope_inputs(p, rand):
+    B, H, S, D = p.dims
+    return {"x": rand(*_rope_in_shape(p)), "cos": rand(S, D), "sin": rand(S, D)}
+
+
+def _rope_heads(p, x):
+    return np.transpose(x, (0, 2, 1, 3)) if _rope_layout(p) else x
+
+
+def _rope_reference(p, inp) -> np.ndarray:
+    x = _rope_heads(p, inp["x"])
+    h = p.dims[3] // 2
+    rot = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+    return x * inp["cos"] + rot * inp["sin"]
+
+
+def _rope_tolerance(p, inp) -> np.ndarray:
+    """Two products and a sum per element, each rounded once in fp32."""
+    x = np.abs(_rope_heads(p, inp["x"]))
+    bound = x * np.abs(inp["cos"]) + x.max(axis=-1, keepdims=True) * np.abs(inp["sin"])
+    return 4 * 2.0 ** -24 * (bound + 1e-30)
+
+
+def _rope_numpy(p, inp, out):
+    x = _rope_heads(p, inp["x"])
+    h = p.dims[3] // 2
+    cs, sn = inp["cos"], inp["sin"]
+    t = np.empty_like(out)
+
+    def run():
+        np.multiply(x, cs, out=out)
+        np.multiply(x[..., h:], sn[..., :h], out=t[..., :h])
+        np.multiply(x[..., :h], sn[..., h:], out=t[..., h:])
+        np.subtract(out[..., :h], t[..., :h], out=out[..., :h])
+        np.add(out[..., h:], t[..., h:], out=out[..., h:])
+
+    return run
+
+
+def _rope_torch(p, inp, out):
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(inp["x"]))
+    x = x.transpose(1, 2) if _rope_layout(p) else x
+    cs, sn = torch.from_numpy(inp["cos"]), torch.from_numpy(inp["sin"])
+    o = torch.from_numpy(out)
+    h = p.dims[3] // 2
+
+    def run():
+        with torch.inference_mode():
+            torch.add(x * cs, torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sn, out=o)
+    return run
+
+
+ROPE_FACTS = Facts(inputs=_rope_inputs, output_shape=lambda p: tuple(p.dims), reference=_rope_reference,
+                   tolerance=_rope_tolerance, flops=lambda p: 3.0 * math.prod(p.dims), numpy=_rope_numpy,
+                   torch=_rope_torch)
+
+
+# -- the head transpose: Problem("swap12", (B, X, Y, D)), y[b, j, i] = x[b, i, j] for rows of D floats -------------
+# ``[B, S, H, D] <-> [B, H, S, D]`` around attention, where no neighbour reads it in place: a row copy each, rows
+# claimed in chunks by ``threads`` (the knob), so that the step is native and a part of such steps stays in C.
+
+_SWAP = r"""
+typedef struct { const float *x, *u1, *u2; float *y; int threads; } swap_args;
+
+static void swap_rows(const void *c, int lo, int hi) {
+    const swap_args *a = (const swap_args *)c;
+    for (int r = lo; r < hi; r++) {                   /* output row (b, j, i) <- input row (b, i, j) */
+        const long b = r / ((long)X * Y), j = (r / X) % Y, i = r % X;
+        memcpy(a->y + (long)r * D, a->x + ((b * X + i) * Y + j) * (long)D, sizeof(float) * D);
+    }
+}
+
+void swap12(const swap_args *a) {
+    pf_parfor(B * X * Y, a->threads, swap_rows, a);  /* rows claimed in chunks (templates/parfor.py) */
+}
+"""
+
+
+def swap_space(p, lim) -> Space:
+    B, X, Y, D = p.dims
+    return Space([categorical("threads", tuple(range(1, lim.physical_cores + 1)))], ["threads <= rows"],
+                 constants={"rows": B * X * Y})
+
+
+def swap_source(p, knobs) -> str:
+    B, X, Y, D = p.dims
+    return "".join(f"#define {k} {v}\n" for k, v in {"V": 1, "B": B, "X": X, "Y": Y, "D": D}.items()) + header() \
+        + PARFOR_C + _SWAP
+
+
+def swap_bind(lib, p, knobs, inputs: dict, out: np.ndarray):
+    x = np.ascontiguousarray(inputs["x"], np.float32)
+    if x.size != math.prod(p.dims) or not out.flags.c_contiguous or out.size != x.size:
+        raise ValueError(f"swap12 {p.dims}: x has {x.size} values, out {out.size} (C-contiguous)")
+    return _call(lib.swap12, (x, x, x, out), knobs)
+
+
+def _swap_ref(p, inp):
+    return np.ascontiguousarray(np.transpose(inp["x"], (0, 2, 1, 3)))
+
+
+def _swap_numpy(p, inp, out):
+    x = inp["x"]
+    return lambda: np.copyto(out, np.transpose(x, (0, 2, 1, 3)))
+
+
+def _swap_torch(p, inp, out):
+    import torch
+
+    x, o = torch.from_numpy(inp["x"]), torch.from_numpy(out)
+
+    def run():
+        with torch.inference_mode():
+            o.copy_(x.transpose(1, 2))
+    return run
+
+
+SWAP_FACTS = Facts(inputs=lambda p, rand: {"x": rand(*p.dims)},
+                   output_shape=lambda p: (p.dims[0], p.dims[2], p.dims[1], p.dims[3]), reference=_swap_ref,
+                   tolerance=lambda p, inp: np.zeros((p.dims[0], p.dims[2], p.dims[1], p.dims[3])),
+                   flops=lambda p: 0.0, numpy=_swap_numpy, torch=_swap_torch)
