@@ -496,3 +496,33 @@ def test_cli_probe_unknown_isa_is_a_clear_error(cli, tmp_path):
     r = cli("probe", "--quick", env={"PLANFORGE_CACHE": str(tmp_path), "PLANFORGE_ISA": "avx10"})
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "not an ISA" in r.stderr and "avx2" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_held_size_ends_at_the_first_size_off_the_plateau():
+    mib = 2**20
+    sizes = [8 * mib, 16 * mib, 32 * mib, 64 * mib, 128 * mib]
+    cliff = {8 * mib: 35e9, 16 * mib: 33e9, 32 * mib: 17e9, 64 * mib: 12e9, 128 * mib: 30e9}  # 128: noise
+    assert pr.held_size(sizes, cliff.__getitem__) == 16 * mib
+    one_slow = {**cliff, 32 * mib: 33e9, 64 * mib: 9e9, 128 * mib: 34e9}  # one slow run is not a capacity
+    assert pr.held_size(sizes, one_slow.__getitem__) is None
+    assert pr.held_size(sizes, lambda t: 35e9 - t / mib * 1e7) is None  # never falls off: holds what it says
+    assert pr.held_size(sizes, lambda t: 35e9 if t == 8 * mib else 5e9) == 8 * mib
+    assert pr.held_size(sizes[:4], {**cliff, 64 * mib: 5e9}.__getitem__) == 16 * mib
+    assert pr.held_size(sizes[:3], cliff.__getitem__) == 16 * mib  # the last size falls off: off at the end
+    assert pr.held_size(sizes[:1], lambda t: 1.0) is None
+
+
+def test_held_bytes_round_trip_and_shrink_the_cost_models_capacity(prof):
+    from planforge.targets.cpu.target import ceilings_of
+    assert DeviceProfile.from_dict({k: v for k, v in prof.to_dict().items() if k != "held_bytes"}).held_bytes == {}
+    if "L3" not in prof.caches:
+        pytest.skip("no L3 on this machine")
+    held = dataclasses.replace(prof, held_bytes={"L3": 8 * 2**20})
+    assert DeviceProfile.from_json(held.to_json()) == held
+    size, inst, share = ceilings_of(held, launch_s=0.0).cache["L3"]
+    reach = min(inst, math.ceil(held.threads / share))
+    assert size == min(prof.caches["L3"].bytes, 8 * 2**20 // reach)
+    whole = dataclasses.replace(prof, held_bytes={})
+    assert ceilings_of(whole, launch_s=0.0).cache["L3"][0] == prof.caches["L3"].bytes
+    with pytest.raises(ProfileError, match="held_bytes"):
+        DeviceProfile.from_dict({**prof.to_dict(), "held_bytes": []})

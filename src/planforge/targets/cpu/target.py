@@ -6,6 +6,8 @@ this object, so a change inside them touches this file and no caller.
 """
 from __future__ import annotations
 
+import math
+
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -60,7 +62,11 @@ def ceilings_of(profile: DeviceProfile, launch_s: float | None = None) -> Ceilin
     for lvl, name in _CACHE_OF.items():
         c = profile.caches.get(name)
         if c is not None and lvl in bw:
-            cache[lvl] = (int(c.bytes), max(1, int(c.instances)), max(1, int(c.shared_by)))
+            size, inst, share = int(c.bytes), max(1, int(c.instances)), max(1, int(c.shared_by))
+            held = profile.held_bytes.get(lvl)
+            if held:  # what the probe found it keeps hitting, over the instances its threads reach
+                size = min(size, int(held) // min(inst, math.ceil(threads / share)))
+            cache[lvl] = (size, inst, share)
     if launch_s is None:
         launch_s = launch_overhead(profile.fingerprint, threads, profile.quick) if profile.openmp else 0.0
     return Ceilings(rates, max(1.0, profile.peak_flops_all / profile.peak_flops_1t), threads, bw, cache,
@@ -148,8 +154,10 @@ class CpuTarget:
         clock = f", reported clock {prof.nominal_clock_hz / 1e9:.2f} GHz" if prof.nominal_clock_hz else ""
         widths = ", ".join(f"{b}-bit {v / 1e9:.1f}"
                            for b, v in sorted(prof.peak_flops_1t_by_bits.items(), key=lambda x: -int(x[0])))
+        held = {_CACHE_OF[lvl]: b for lvl, b in prof.held_bytes.items() if lvl in _CACHE_OF}
         caches = ", ".join(f"{name} {_size(c.bytes)} x{c.instances} " +
-                           ("(private)" if c.shared_by == 1 else f"(shared by {c.shared_by})")
+                           ("(private)" if c.shared_by == 1 else f"(shared by {c.shared_by})") +
+                           (f", holds about {_size(held[name])} in use" if name in held else "")
                            for name, c in prof.caches.items()) or "unknown"
         load = "unknown" if prof.other_load is None else (
             f"{prof.other_load:.0%} of all CPUs used by other processes while measuring" +
