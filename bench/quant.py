@@ -343,6 +343,7 @@ def bench(model, args, tmp: Path) -> dict:
             plans["qtt compressed" + tag].append(with_variant(f32, first) if first != "fp32" else f32)
             print(f"  layer {i} ({K}x{N}){tag}: joint chose {chosen} (error {rec['error']['value']:.3g}); screen "
                   + ", ".join(f"{k} {v:.2g}" for k, v in rec["screen"]["errors"].items()), flush=True)
+            print(f"    tiles: joint {_tiles(joint)}; fp32 (qtt's) {_tiles(f32)}", flush=True)
     if model == "gemv" and args.per_format:  # each format in a search of its own
         K, N, epi = layers(model)[0]
         for v in ("bf16", "int8", "int8+a8", "int4:32", "int4:64", "int4:128"):
@@ -377,6 +378,11 @@ def bench(model, args, tmp: Path) -> dict:
 
 
 KINDS = ("fp32", "joint", "qtt same format", "qtt compressed")
+
+
+def _tiles(knobs: dict) -> str:
+    """A plan's tile knobs on one line (the format's own knobs left out)."""
+    return " ".join(f"{k} {v}" for k, v in knobs.items() if k not in ("wfmt", "qblock", "act"))
 
 
 COMPRESSED = {"int4:128": ("int4", 128), "int4:64": ("int4", 64), "int4:32": ("int4", 32), "int8": ("int8", 32),
