@@ -217,3 +217,29 @@ def test_head_transposes_are_native_steps():
     used = seed_steps(g, "gqa", seed=8)   # checked against the fp64 reference
     assert ("tmpl1", "transpose") in used
     assert not [s for s in activation_transposes(g, "gqa") if s["op"] == "lib1"]  # a weight's is folded at load
+
+
+@pytest.mark.parametrize("dims, start", [((32, 768, 1, 256), "256"), ((3, 7, 5, 2), "5"), ((1, 1, 1, 1), "0")])
+def test_slab_template_every_setting_is_exact(profile, dims, start):
+    p = Problem("slab", dims, start)
+    assert assert_all_correct(p, profile, TEMPLATES["slab"].space(p, limits(profile)).valid_size()) >= 1
+
+
+def test_slab_problem_checks_its_start():
+    for bad in ("x", "-1", "6"):
+        with pytest.raises(ProblemError, match="expected a start in 0..5"):
+            TEMPLATES["slab"].space(Problem("slab", (3, 7, 5, 2), bad), None)
+
+
+def test_the_fused_qkv_split_is_native_block_copies():
+    """GPT-2's c_attn output split in three along its last axis: each slice a native step, the plan correct."""
+    op = REGISTRY["slice"]
+    assert op.kernel([(1, 6, 48)], (1, 6, 16), {"axis": 2, "start": 16, "stop": 32, "step": 1}) == \
+        Problem("slab", (6, 48, 1, 16), "16")
+    assert op.kernel([(1, 6, 48)], (1, 6, 8), {"axis": 2, "start": 0, "stop": 16, "step": 2}) is None
+    gb = GraphBuilder("qkv-split", seed=9)
+    x = gb.input("x", (1, 6, 16))
+    y = gb.op("matmul", x, gb.weight("w", 16, 48))
+    parts = [gb.op("slice", y, axis=2, start=16 * i, stop=16 * (i + 1), step=1) for i in range(3)]
+    g = gb.output(gb.op("add", gb.op("multiply", parts[0], parts[1]), parts[2]))
+    assert ("tmpl1", "slice") in seed_steps(g, "qkv-split", seed=9)   # checked against the fp64 reference

@@ -28,7 +28,7 @@ from typing import Any
 _CONV_DIMS = "N,C,H,W,O,KH,KW,SH,SW,PT,PL,PB,PR,DH,DW,G"
 KERNELS = {"gemm": "M,N,K", "gemv": "N,K", "softmax": "rows,cols", "layernorm": "rows,cols", "rms": "rows,cols",
            "eltwise": "rows,cols",
-           "conv": _CONV_DIMS, "dwconv": _CONV_DIMS, "attention": "BH,G,S,T,D,DV", "rope": "B,H,S,D", "swap12": "B,X,Y,D"}
+           "conv": _CONV_DIMS, "dwconv": _CONV_DIMS, "attention": "BH,G,S,T,D,DV", "rope": "B,H,S,D", "swap12": "B,X,Y,D", "slab": "O,A,I,N"}
 MAY_BE_ZERO = {"PT", "PL", "PB", "PR"}  # a convolution's padding
 
 

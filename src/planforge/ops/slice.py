@@ -46,6 +46,21 @@ def _step(ins, out, attrs):
     return lambda: np.copyto(out, view)
 
 
+def kernel(s, out, attrs):
+    """A step-1 slice as the native block copy (``Problem("slab", (outer, axis size, inner, count), start)``,
+    ``templates/attention.py``): GPT-2's fused QKV split; None for a strided slice."""
+    import math
+
+    from .kernel import Problem
+
+    x = s[0]
+    ax = _axis(attrs, len(x))
+    start, stop, step = int(attrs["start"]), int(attrs["stop"]), int(attrs.get("step", 1))
+    if step != 1 or not x:
+        return None
+    return Problem("slab", (math.prod(x[:ax]), x[ax], math.prod(x[ax + 1:]), stop - start), str(start))
+
+
 def slice_axis(em, x, axis: int, start, stop, step, name: str):
     """``x[start:stop:step]`` on ``axis`` with Python's rules for None, negatives and overshoot; the value itself
     when that is all of it, a constant when ``x`` is one."""
@@ -162,6 +177,8 @@ OPS = [Op(
     egg_attr=lambda attrs: f"{attrs['axis']},{attrs['start']},{attrs['stop']},{attrs.get('step', 1)}",
     from_egg=lambda s: dict(zip(("axis", "start", "stop", "step"), ints(s))),
     flops=lambda s, out, attrs: 0.0,
+    templated=True,
+    kernel=kernel,
     torch={"slice": _torch_slice, "slice_copy": _torch_slice, "narrow": _torch_narrow,
            "select": lambda em, node, a, kw: select(em, a[0], a[1], a[2], node.name),
            "split": _torch_split, "split_with_sizes": _torch_split, "chunk": _torch_chunk, "unbind": _torch_unbind},

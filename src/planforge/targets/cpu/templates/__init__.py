@@ -142,6 +142,8 @@ TEMPLATES: dict[str, Template] = {
                      openmp_threads=False),  # rows claimed (templates/parfor.py)
     "swap12": Template("swap12", space=attention.swap_space, source=attention.swap_source, bind=attention.swap_bind,
                        plan_inputs=lambda p, ins: {"x": ins[0]}, openmp_threads=False),  # rows claimed (parfor)
+    "slab": Template("slab", space=attention.slab_space, source=attention.slab_source, bind=attention.slab_bind,
+                     plan_inputs=lambda p, ins: {"x": ins[0]}, openmp_threads=False),  # blocks claimed (parfor)
 }
 
 

@@ -487,3 +487,81 @@ SWAP_FACTS = Facts(inputs=lambda p, rand: {"x": rand(*p.dims)},
                    output_shape=lambda p: (p.dims[0], p.dims[2], p.dims[1], p.dims[3]), reference=_swap_ref,
                    tolerance=lambda p, inp: np.zeros((p.dims[0], p.dims[2], p.dims[1], p.dims[3])),
                    flops=lambda p: 0.0, numpy=_swap_numpy, torch=_swap_torch)
+
+
+# -- a slice of contiguous blocks: Problem("slab", (O, A, I, N), "START"), y[o, n, i] = x[o, START + n, i] ----------
+# GPT-2's fused QKV split (its three slices of [1, S, 3 * W] along the last axis) and any other step-1 slice: O
+# blocks of N * I contiguous floats, each a copy; rows claimed in chunks by ``threads``.
+
+_SLAB = r"""
+typedef struct { const float *x, *u1, *u2; float *y; int threads; } slab_args;
+
+static void slab_rows(const void *c, int lo, int hi) {
+    const slab_args *a = (const slab_args *)c;
+    for (int o = lo; o < hi; o++)
+        memcpy(a->y + (long)o * N * I, a->x + ((long)o * A + START) * I, sizeof(float) * N * I);
+}
+
+void slab(const slab_args *a) {
+    pf_parfor(O, a->threads, slab_rows, a);  /* blocks claimed in chunks (templates/parfor.py) */
+}
+"""
+
+
+def _slab_start(p) -> int:
+    O, A, I, N = p.dims
+    try:
+        start = int(p.epilogue)
+    except ValueError:
+        start = -1
+    if not 0 <= start <= A - N:
+        raise ProblemError(f"slab {p.dims} {p.epilogue!r}: expected a start in 0..{A - N}")
+    return start
+
+
+def slab_space(p, lim) -> Space:
+    _slab_start(p)
+    return Space([categorical("threads", tuple(range(1, lim.physical_cores + 1)))], ["threads <= rows"],
+                 constants={"rows": p.dims[0]})
+
+
+def slab_source(p, knobs) -> str:
+    O, A, I, N = p.dims
+    defs = {"V": 1, "O": O, "A": A, "I": I, "N": N, "START": _slab_start(p)}
+    return "".join(f"#define {k} {v}\n" for k, v in defs.items()) + header() + PARFOR_C + _SLAB
+
+
+def slab_bind(lib, p, knobs, inputs: dict, out: np.ndarray):
+    O, A, I, N = p.dims
+    x = np.ascontiguousarray(inputs["x"], np.float32)
+    if x.size != O * A * I or not out.flags.c_contiguous or out.size != O * N * I:
+        raise ValueError(f"slab {p.dims}: x has {x.size} values, out {out.size} (C-contiguous)")
+    return _call(lib.slab, (x, x, x, out), knobs)
+
+
+def _slab_view(p, x):
+    O, A, I, N = p.dims
+    s = _slab_start(p)
+    return x.reshape(O, A, I)[:, s:s + N, :]
+
+
+def _slab_torch(p, inp, out):
+    import torch
+
+    v, o = torch.from_numpy(np.ascontiguousarray(inp["x"])), torch.from_numpy(out)
+    O, A, I, N = p.dims
+    st = _slab_start(p)
+
+    def run():
+        with torch.inference_mode():
+            o.copy_(v.view(O, A, I)[:, st:st + N, :])
+    return run
+
+
+SLAB_FACTS = Facts(inputs=lambda p, rand: {"x": rand(p.dims[0], p.dims[1], p.dims[2])},
+                   output_shape=lambda p: (p.dims[0], p.dims[3], p.dims[2]),
+                   reference=lambda p, inp: np.ascontiguousarray(_slab_view(p, inp["x"])),
+                   tolerance=lambda p, inp: np.zeros((p.dims[0], p.dims[3], p.dims[2])),
+                   flops=lambda p: 0.0,
+                   numpy=lambda p, inp, out: (lambda v=_slab_view(p, inp["x"]): np.copyto(out, v)),
+                   torch=_slab_torch)

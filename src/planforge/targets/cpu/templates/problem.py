@@ -21,7 +21,8 @@ OPS = tuple(KERNELS)
 FACTS: dict[str, Facts] = {"gemm": gemm.FACTS, "gemv": gemv.FACTS, "softmax": rowwise.FACTS,
                            "layernorm": rowwise.FACTS, "rms": rowwise.FACTS, "eltwise": rowwise.FACTS, "conv": conv.FACTS,
                            "dwconv": conv.FACTS, "attention": attention.FACTS,
-                           "rope": attention.ROPE_FACTS, "swap12": attention.SWAP_FACTS}
+                           "rope": attention.ROPE_FACTS, "swap12": attention.SWAP_FACTS,
+                           "slab": attention.SLAB_FACTS}
 
 
 def facts(p) -> Facts:
