@@ -69,3 +69,22 @@ def test_epilogue_names_follow_the_registry():
     assert gemm_epilogues()[:2] == ("none", "bias")
     assert {"bias_relu", "bias_gelu", "bias_sigmoid", "bias_tanh", "bias_silu"} <= set(gemm_epilogues())
     assert {"bias", "add", "relu", "gelu"} <= set(chain_steps())
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 5, 7), (2, 1, 4, 4), (1, 4, 3, 2), (1, 5, 2, 3), (1, 16, 2, 3)])
+def test_nchw_to_nhwc_step_reads_its_input_buffer_at_each_call(shape):
+    """An image's few channels are copied one by one (views of the bound buffers); any count gives the transpose."""
+    from planforge.ops.transpose import _step
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(shape).astype(np.float32)
+    out = np.empty(tuple(shape[p] for p in (0, 2, 3, 1)), np.float32)
+    step = _step([a], out, {"perm": (0, 2, 3, 1)})
+    for _ in range(2):
+        a[...] = rng.standard_normal(shape)
+        step()
+        assert np.array_equal(out, np.transpose(a, (0, 2, 3, 1)))
+    strided = rng.standard_normal((1, 3, 4, 10)).astype(np.float32)[..., ::2]  # not contiguous: the one copy
+    out = np.empty((1, 4, 5, 3), np.float32)
+    _step([strided], out, {"perm": (0, 2, 3, 1)})()
+    assert np.array_equal(out, np.transpose(strided, (0, 2, 3, 1)))

@@ -19,9 +19,26 @@ def shape(s, attrs):
     return tuple(s[0][p] for p in perm)
 
 
+# NCHW -> NHWC of an image with this many channels or fewer runs one strided copy per channel: numpy's copy of
+# the transposed view walks the output's innermost axis, which is then 1-4 floats long (a 1x3x96x96 input:
+# 92 us as one copy, 22 us as three; from 16 channels on the one copy is faster, 35 against 87 us)
+FEW_CHANNELS = 4
+
+
 def _step(ins, out, attrs):
     a = ins[0]
     perm = attrs.get("perm") or None
+    if perm is not None and tuple(perm) == (0, 2, 3, 1) and a.shape[1] <= FEW_CHANNELS and \
+            a.flags.c_contiguous and out.flags.c_contiguous:  # reshapes of both are views of the buffers
+        N, C = a.shape[0], a.shape[1]
+        rows = out.reshape(N, -1, C)  # [N, H*W, C]: a view of the output buffer
+        planes = a.reshape(N, C, -1)
+
+        def per_channel():
+            for c in range(C):
+                rows[:, :, c] = planes[:, c]
+
+        return per_channel
     return lambda: np.copyto(out, np.transpose(a, perm))
 
 
