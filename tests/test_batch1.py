@@ -141,6 +141,54 @@ def test_workers_stop_when_the_plan_is_freed():
     assert _threads() == before
 
 
+def _pinned_to(cpu: int) -> int:
+    """Threads of this process whose allowed CPUs are exactly ``cpu``."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                allowed = next(line.split(":", 1)[1].strip() for line in f if line.startswith("Cpus_allowed_list"))
+        except (OSError, StopIteration):
+            continue
+        n += allowed == str(cpu)
+    return n
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two CPUs to pin to")
+def test_a_worker_on_the_callers_cpu_moves_away():
+    """Two pools started from opposite CPUs pin their workers to opposite CPUs; a caller that lands on the
+    first pool's worker's CPU moves that worker to the other one at its next call, instead of taking turns
+    with it through every barrier (each call then took ms, not us)."""
+    layers = SHAPES["three"]
+    knobs = dict(INNER[0], threads=2, split0="n", split1="k", split2="n", spin_us=1000, pin=1)
+    lib = load(build(mlp.source(layers, knobs)))
+    ws, bs = weights(layers)
+    x, ref = np.ones(layers[0][0], np.float32), reference(layers, ws, bs, np.ones(layers[0][0]))
+    mask = os.sched_getaffinity(0)
+    a, b = sorted(mask)[:2]
+    def start_on(cpu, y):  # a pool started from ``cpu`` (the whole mask allowed): its worker goes elsewhere
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        os.sched_setaffinity(0, mask)  # still on ``cpu`` right after
+        return mlp.bind(lib, layers, knobs, x, ws, bs, y)
+
+    try:
+        y1, y2 = np.zeros(layers[-1][1], np.float32), np.zeros(layers[-1][1], np.float32)
+        one = start_on(a, y1)
+        two = start_on(b, y2)
+        if (_pinned_to(a), _pinned_to(b)) != (1, 1):
+            pytest.skip("the scheduler moved this thread while a pool started")
+        os.sched_setaffinity(0, {b})  # the caller lands on pool 1's worker's CPU
+        for _ in range(3):
+            one()
+        assert (_pinned_to(a), _pinned_to(b)) == (2, 1)  # pool 1's worker moved beside pool 2's; the caller on b
+        two()
+        close(y1, ref)
+        close(y2, ref)
+    finally:
+        os.sched_setaffinity(0, mask)
+
+
 def test_space_keeps_one_thread_and_canonical_spin(lim):
     layers = SHAPES["three"]
     sp = knob_space(MlpProblem(layers), lim)
