@@ -156,14 +156,14 @@ class Ceilings:
                 above = above + self.capacity(lvl, threads)
         return t
 
-    def bandwidth_at(self, level_idx, threads, streams=1) -> np.ndarray:
+    def bandwidth_at(self, level_idx, threads) -> np.ndarray:
         """Read bandwidth of the level each entry of ``level_idx`` (into ``LEVELS``) names."""
         level_idx = np.asarray(level_idx)
         out = np.zeros(level_idx.shape)
         for i, lvl in enumerate(LEVELS):
             if lvl in self.bw:
-                out = np.where(level_idx == i, self.bandwidth(lvl, threads, streams=streams), out)
-        return np.where(out > 0, out, self.bandwidth("DRAM", threads, streams=streams))
+                out = np.where(level_idx == i, self.bandwidth(lvl, threads), out)
+        return np.where(out > 0, out, self.bandwidth("DRAM", threads))
 
 
 

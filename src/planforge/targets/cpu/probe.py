@@ -148,7 +148,8 @@ class DeviceProfile:
             "read4": the same sum over the buffer's four quarters at once, four
             sequential streams per thread),
             summed over up to ``threads`` threads / on one thread. Buffers:
-            half of one cache instance (split between the threads sharing it);
+            half of one cache instance (split between the threads sharing it;
+            the last level at its ``held_bytes`` where the probe found them);
             DRAM 8x the last-level cache, at least 256 MiB.
         call_overhead_s: one ctypes call from Python into a compiled no-op
             kernel with four arguments.
@@ -991,16 +992,16 @@ def _bandwidths(lib: ctypes.CDLL, hw: Hardware, threads: int, effort: _Effort, n
         raise ProbeError(f"could not allocate {size / 2**20:.0f} MiB for the bandwidth probe")
     out_all: dict[str, dict[str, float]] = {}
     out_1t: dict[str, dict[str, float]] = {}
-    effective: dict[str, int] = {}
+    held_by_level: dict[str, int] = {}
     try:
         llc = _last_level(hw)
         if llc is not None and threads > 0:
             progress(f"{llc} capacity in use")
             held = _held_bytes(lib, hw, llc, buf, block, threads, effort)
             if held is not None:
-                effective[llc] = held
-                # measured at that size: the ladder starts at twice what the faster levels hold, so half of it
-                # could be read from them
+                held_by_level[llc] = held
+                # the level's figures are measured at the held size itself, not half of it: the ladder starts at
+                # twice what the faster levels hold, so half of its first size could still hit in them
                 per_thread = max(block, held // threads // block * block)
                 slices[llc] = (per_thread, max(block, held // block * block))
                 notes.append(f"{llc} holds about {held / 2**20:.0f} MiB of a buffer read over and over, not its "
@@ -1026,7 +1027,7 @@ def _bandwidths(lib: ctypes.CDLL, hw: Hardware, threads: int, effort: _Effort, n
                 out_all.setdefault(level, {})[kind] = rate
     finally:
         lib.pf_free(buf)
-    return out_all, out_1t, effective
+    return out_all, out_1t, held_by_level
 
 
 # A last-level cache "holds" a buffer while an all-thread read of it stays within this share of the rate of the
@@ -1052,8 +1053,8 @@ def _held_bytes(lib: ctypes.CDLL, hw: Hardware, level: str, buf: int, block: int
 
     Reads buffers from twice what the levels above hold, in steps of sqrt(2) up to half of ``level``'s size, and
     keeps the largest whose rate stays within ``HELD_SHARE`` of the first's. A virtual machine's share of a shared
-    last-level cache can be a fraction of what the CPU reports (on a 2-CPU Sapphire Rapids VM, 16 MiB of
-    105 MiB: 35 GB/s there, 17 GB/s at 24 MiB)."""
+    last-level cache can be a fraction of what the CPU reports (on a 2-CPU Sapphire Rapids VM, 33 MiB of
+    105 MiB when the host was quiet, 8-16 MiB while other guests ran)."""
     names = list(_CACHE_OF)
     above = 0  # what the faster levels hold between the threads
     for lvl in names[:names.index(level)]:
@@ -1086,7 +1087,7 @@ def held_size(sizes: Sequence[int], rate: Callable[[int], float]) -> int | None:
             return int(held)
         else:
             off = t
-    return int(held) if off is not None and held < sizes[-1] else None
+    return int(held) if off is not None else None
 
 
 def _call_overhead(lib: ctypes.CDLL, effort: _Effort) -> float:
@@ -1148,7 +1149,7 @@ def measure(hw: Hardware | None = None, quick: bool = False,
             contended.append(f"peak on {threads} threads")
         peak_all = max(peak_all, p_all)
 
-    bw_all, bw_1t, effective = _bandwidths(lib, hw, threads, effort, notes, contended, say)
+    bw_all, bw_1t, held = _bandwidths(lib, hw, threads, effort, notes, contended, say)
     if contended:
         notes.append("another process took a CPU from the probe in every run of: " + ", ".join(contended) +
                      "; those numbers may be low, all-thread ones no lower than their 1-thread ones "
@@ -1171,7 +1172,7 @@ def measure(hw: Hardware | None = None, quick: bool = False,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         probe_seconds=round(time.perf_counter() - t_start, 3), quick=quick,
         other_load=None if load is None else round(load, 3), busy_figures=contended, notes=notes,
-        isa_view=hw.isa_view, held_bytes=effective)
+        isa_view=hw.isa_view, held_bytes=held)
 
 
 # ---------------------------------------------------------------- cache

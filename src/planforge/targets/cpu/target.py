@@ -7,7 +7,6 @@ this object, so a change inside them touches this file and no caller.
 from __future__ import annotations
 
 import math
-
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence

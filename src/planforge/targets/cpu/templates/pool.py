@@ -246,8 +246,8 @@ static void pool_unclash(pool *p) {
 
 static void pool_call(pool *p) {
     p->calls++;
-    if (PT > 1) pool_unclash(p);
     if (PT > 1) {
+        pool_unclash(p);
         atomic_store(&p->go, p->calls);  /* seq_cst: ordered before the sleepers load (see pool_main) */
         if (atomic_load(&p->sleepers) > 0) {
             pthread_mutex_lock(&p->mu);
