@@ -1,6 +1,7 @@
 """Quantised GEMV kernels against their references, the weight format as a gene, and a quantised spec end to end."""
 import copy
 import ctypes
+import platform
 import random
 
 import numpy as np
@@ -175,19 +176,51 @@ def test_a_bad_budget_on_the_command_line_is_one_clear_line(cli, tmp_path):
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_dynamic_activations_only_where_there_is_a_dot_product(profile):
+def test_dynamic_activations_only_where_there_is_an_exact_dot_product(profile):
     import dataclasses
 
+    from planforge.costmodel.analytic import _weight_format
     from planforge.targets.cpu.templates import limits
 
+    g = Problem("gemv", (64, 64))
+    sse = limits(dataclasses.replace(profile, isa=["sse4_2", "avx"], vector_lanes_fp32=4))
+    assert sse.dot_i8_lanes == () and "int8+a8" not in quant_variants(g, sse)
+    assert "act" not in quant_space(g, sse, quant_variants(g, sse)).names
+    # AVX2 without VNNI (Zen 3): at 8 lanes through int16 multiply-adds, which the roofline counts dearer
     zen3 = limits(dataclasses.replace(profile, isa=["sse4_2", "avx", "avx2", "fma", "f16c"], vector_lanes_fp32=8))
-    assert zen3.dot_i8_lanes == () and "int8+a8" not in quant_variants(Problem("gemv", (64, 64)), zen3)
+    assert zen3.dot_i8_lanes == (8,) and not zen3.dot_i8_vnni and "int8+a8" in quant_variants(g, zen3)
     avx512 = limits(dataclasses.replace(profile, isa=["avx2", "avx512f", "avx512vl", "avx512_vnni"],
                                         vector_lanes_fp32=16))
-    assert avx512.dot_i8_lanes == (16, 8) and "int8+a8" in quant_variants(Problem("gemv", (64, 64)), avx512)
+    assert avx512.dot_i8_lanes == (16, 8) and avx512.dot_i8_vnni and "int8+a8" in quant_variants(g, avx512)
     assert "int8+a8" not in quant_variants(Problem("gemm", (4, 64, 64)), avx512)  # the GEMM widens B, A stays fp32
-    space = quant_space(Problem("gemv", (64, 64)), zen3, quant_variants(Problem("gemv", (64, 64)), zen3))
-    assert "act" not in space.names
+    point = {"wfmt": np.array(["int8"], dtype=object), "qblock": np.array([32]), "act": np.array(["int8"], dtype=object)}
+    widen = {name: _weight_format(point, 1, 64, quant_space(g, lim, ("fp32", "int8+a8")).constants)[1][0]
+             for name, lim in (("zen3", zen3), ("avx512", avx512))}
+    assert widen["avx512"] < 0 < widen["zen3"] < _weight_format({**point, "act": np.array(["fp32"], dtype=object)},
+                                                                1, 64)[1][0] + 1
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the dot-product paths are x86's")
+@pytest.mark.parametrize("dims,epilogue", [((45, 203), "bias_relu"), ((130, 33), "none")])
+def test_every_dot_product_path_gives_the_same_bits(profile, dims, epilogue):
+    """int8+a8 at 8 lanes compiled three ways (VNNI where this CPU has it; AVX2's int16 multiply-adds, as on Zen 3;
+    plain C): the int32 sums are exact, so the outputs agree bit for bit, and with the reference."""
+    if "avx2" not in profile.isa:
+        pytest.skip("needs AVX2")
+    p = Problem("gemv", dims, epilogue)
+    knobs = {"vec": 8, "jb": 2, "ksplit": 2, "unroll": 4, "threads": 2, "wfmt": "int8", "act": "int8",
+             "qblock": 32, "w_layout": "packed"}
+    inputs = make_inputs(p, 1)
+    outs = []
+    for flags in (("-mno-avx512f",), ("-mno-avx512f", "-mno-avxvnni"), ("-mno-avx512f", "-mno-avxvnni", "-mno-avx2")):
+        src = GEMV.source(p, knobs)
+        lib = ctypes.CDLL(str(build(src, GEMV.openmp(knobs), extra_flags=flags).path))
+        out = np.full(output_shape(p), np.nan, np.float32)
+        GEMV.bind(lib, p, knobs, inputs, out)()
+        outs.append(out)
+    real = GEMV.reference_inputs(p, knobs, inputs)[1]()
+    assert check(p, real, outs[1], reference(p, real), tolerance(p, real)) is None
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[1], outs[2])
 
 
 def test_the_joint_search_measures_each_formats_best_predicted_point_first(tmp_path):

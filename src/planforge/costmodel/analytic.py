@@ -296,18 +296,21 @@ def _check(fits, reason, ok, why: str):
 
 # per weight format: vector instructions to widen one vector of weights, per FMA (bf16: a zero-extend and a
 # shift; int8: a sign-extend and a convert; int4: two values per sign-extend, a shift pair and two converts);
-# int8 weights with int8 activations: one dot-product instruction per 4 multiply-adds (VNNI), so -0.75
+# int8 weights with int8 activations: one dot-product instruction per 4 multiply-adds (VNNI), so -0.75, or
+# what the space's constant ``a8_widen`` says (AVX2's multiply-adds: qgemv.a8_widen)
 WIDEN_OPS = {"fp32": 0.0, "bf16": 1.0, "int8": 1.0, "int4": 1.5, "int8+a8": -0.75}
 
 
-def _weight_format(k: Mapping[str, np.ndarray], n: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+def _weight_format(k: Mapping[str, np.ndarray], n: int, K: int,
+                   constants: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Bytes per weight and widening instructions per FMA of each point (fp32 where there is no ``wfmt`` knob)."""
     if "wfmt" not in k:
         return np.full(n, float(F32)), np.zeros(n)
     fmts, blocks = np.asarray(k["wfmt"], dtype=object), np.asarray(k["qblock"])
     acts = np.asarray(k["act"], dtype=object) if "act" in k else np.full(n, "fp32", dtype=object)
     wb = np.array([bytes_per_weight(f, K, int(b)) for f, b in zip(fmts, blocks)])
-    widen = np.array([WIDEN_OPS[f + ("+a8" if a == "int8" and f == "int8" else "")] for f, a in zip(fmts, acts)])
+    ops = {**WIDEN_OPS, "int8+a8": float((constants or {}).get("a8_widen", WIDEN_OPS["int8+a8"]))}
+    widen = np.array([ops[f + ("+a8" if a == "int8" and f == "int8" else "")] for f, a in zip(fmts, acts)])
     return wb, widen
 
 
@@ -395,7 +398,7 @@ def _gemv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     n = len(vec)
     # a quantised weight format (issue 17) streams fewer bytes per weight, always from packed panels, and
     # widens each vector of weights before its FMA (a few more vector instructions per FMA)
-    wb, widen = _weight_format(k, n, K)
+    wb, widen = _weight_format(k, n, K, m.space.constants)
     packed = _codes(k["w_layout"], "packed") | (wb < F32)
     jbv = jb * vec
     nblk = N // jbv

@@ -8,9 +8,9 @@ written file.
 
 ``PLANFORGE_ISA`` (or the ``isa`` argument of ``build``/``build_many``) picks
 the instruction set the code is compiled for: ``native`` (the default: all
-that ``-march=native`` enables), ``avx2`` (``-march=native`` with AVX-512 and
-AMX turned off, so that no AVX-512 instruction is ever emitted: what an
-AVX2-only CPU such as Zen 3 runs) or ``avx512`` (native, checked to have
+that ``-march=native`` enables), ``avx2`` (``-march=native`` with AVX-512,
+AMX and AVX-VNNI turned off, so that no AVX-512 or VNNI instruction is ever
+emitted: what an AVX2-only CPU such as Zen 3 runs) or ``avx512`` (native, checked to have
 AVX-512). An ISA the CPU lacks is an ``IsaError``, never a silent fallback.
 The flags are part of the cache key, so the views never share a library.
 """
@@ -38,12 +38,15 @@ ISAS = ("native", "avx2", "avx512")
 
 # Turned off for the avx2 view. -mno-avx512f alone disables the AVX-512 family in GCC and clang, but
 # naming each sub-feature keeps that true whatever a compiler version chains; AVX10 implies AVX-512
-# (Granite Rapids), and AMX exists only on AVX-512 parts. Flags the compiler does not know are dropped.
+# (Granite Rapids), and AMX exists only on AVX-512 parts. AVX-VNNI and its kin are AVX2-encoded but newer
+# than Zen 3, which the view stands for. Flags the compiler does not know are dropped.
 _NOT_AVX2 = ("-mno-avx512f", "-mno-avx512cd", "-mno-avx512bw", "-mno-avx512dq", "-mno-avx512vl",
              "-mno-avx512ifma", "-mno-avx512vbmi", "-mno-avx512vbmi2", "-mno-avx512vnni", "-mno-avx512bitalg",
              "-mno-avx512vpopcntdq", "-mno-avx512bf16", "-mno-avx512fp16", "-mno-avx512vp2intersect",
              "-mno-avx512er", "-mno-avx512pf", "-mno-avx5124fmaps", "-mno-avx5124vnniw", "-mno-avx10.1",
-             "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16", "-mno-amx-fp16", "-mno-amx-complex")
+             "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16", "-mno-amx-fp16", "-mno-amx-complex",
+             # the VEX-encoded extensions later than AVX2 (Alder Lake, Sapphire Rapids, Zen 5), which Zen 3 lacks
+             "-mno-avxvnni", "-mno-avxifma", "-mno-avxvnniint8", "-mno-avxneconvert", "-mno-avxvnniint16")
 
 
 class IsaError(ValueError):
@@ -137,7 +140,7 @@ def _isa_flags(choice: str, cc: str) -> tuple[str, ...]:
     if got is None:  # some flag unknown to this compiler version: keep the ones it accepts
         flags = tuple(f for f in _NOT_AVX2 if _macros(cc, (f,)) is not None)
         got = _macros(cc, flags)
-    left = sorted(m for m in got or () if m.startswith(("__AVX512", "__AVX10", "__AMX")))
+    left = sorted(m for m in got or () if m.startswith(("__AVX512", "__AVX10", "__AMX", "__AVXVNNI")))
     if got is None or left or not {"__AVX2__", "__FMA__"} <= got:
         raise IsaError(f"PLANFORGE_ISA=avx2: the C compiler {cc} cannot turn AVX-512 off while keeping AVX2 "
                        f"(with {' '.join(flags)} it still defines {', '.join(left) or 'no __AVX2__/__FMA__'})")

@@ -21,7 +21,7 @@ quiet (under ``QUIET_LOAD``), and otherwise uses it with a warning.
 
 ``PLANFORGE_ISA`` forces the view of the ISA (``hardware(isa=...)`` does the
 same for one call): ``avx2`` makes an AVX-512 machine look and compile like an
-AVX2-only one (no ``avx512*`` or ``amx*`` flags, 8 fp32 lanes, so 16 vector
+AVX2-only one (no ``avx512*``, ``amx*`` or ``avx_vnni`` flags, 8 fp32 lanes, so 16 vector
 registers in the templates' limits; every C build gets AVX-512 turned off, see
 ``build.isa_flags``), ``avx512`` insists on AVX-512, ``native`` (the default)
 takes the machine as it is. A forced view has a fingerprint of its own
@@ -431,8 +431,9 @@ def hardware(root: str | Path = "/", isa: str | None = None) -> Hardware:
 
 
 def _forced_flags(view: str, flags: set[str], arch: str) -> set[str]:
-    """The ISA flags as the view ``view`` shows them: avx2 drops AVX-512 and AMX (AMX exists only on
-    AVX-512 parts, and no AVX2-only CPU reports it); ``IsaError`` when the CPU lacks the view's ISA."""
+    """The ISA flags as the view ``view`` shows them: avx2 drops AVX-512, AMX (AMX exists only on
+    AVX-512 parts, and no AVX2-only CPU reports it) and AVX-VNNI (Zen 3, which the view stands for, has
+    none); ``IsaError`` when the CPU lacks the view's ISA."""
     if view == "native":
         return flags
     if arch not in ("x86_64", "amd64"):
@@ -443,7 +444,7 @@ def _forced_flags(view: str, flags: set[str], arch: str) -> set[str]:
         raise IsaError(f"PLANFORGE_ISA={view}, but this CPU does not report {' and '.join(lacking)} in "
                        f"/proc/cpuinfo; " + ("use avx2 or " if view == "avx512" else "") + "leave it unset")
     if view == "avx2":
-        return {f for f in flags if not f.startswith(("avx512", "amx"))}
+        return {f for f in flags if not f.startswith(("avx512", "amx", "avx_vnni", "avx_ifma", "avx_ne_convert"))}
     return flags
 
 

@@ -199,7 +199,7 @@ class CpuTarget:
 
     def quant_variants(self, problem) -> tuple[str, ...]:
         """The quantised variants ``problem``'s template runs here (``planforge.quant.variant``: fp32, bf16, int8,
-        int8+a8 where there is VNNI, int4:32...; fp32 alone for most templates)."""
+        int8+a8 where there is VNNI or AVX2, int4:32...; fp32 alone for most templates)."""
         return templates.quant_variants(problem, self.limits())
 
     def quant_space(self, problem, variants: Sequence[str]) -> Space:

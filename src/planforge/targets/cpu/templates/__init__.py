@@ -30,7 +30,10 @@ class Limits:
     vector_registers: int
     physical_cores: int
     caches: dict[str, int]
-    dot_i8_lanes: tuple[int, ...] = ()  # vector widths (int32 lanes) with a u8 x s8 dot-product instruction (VNNI)
+    # vector widths (int32 lanes) with an exact u8 x s8 dot product of 4: one VNNI instruction, or (AVX2 at 8
+    # lanes) int16 widening and multiply-adds of pairs; ``dot_i8_vnni``: whether every one of them is VNNI
+    dot_i8_lanes: tuple[int, ...] = ()
+    dot_i8_vnni: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,10 +162,12 @@ def limits(profile) -> Limits:
     caches.setdefault("L2", max(caches["L1d"] * 8, 256 * 1024))
     caches.setdefault("L3", caches["L2"])
     lanes = max(1, profile.vector_lanes_fp32)
-    # AVX-512 VNNI at 16 lanes (8 too, with VL), AVX-VNNI at 8: where the view of the ISA has them
-    dot = tuple(v for v, flags in ((16, ("avx512_vnni",)), (8, ("avx_vnni", "avx512_vnni")))
-                if v <= lanes and isa & set(flags) and (v == 8 or "avx512f" in isa))
-    return Limits(profile.fingerprint, lanes, regs, max(1, profile.physical_cores), caches, dot)
+    # AVX-512 VNNI at 16 lanes (8 too, with VL), AVX-VNNI at 8: where the view of the ISA has them; else AVX2's
+    # int16 multiply-add at 8 (qgemv.DOT)
+    vnni = tuple(v for v, flags in ((16, ("avx512_vnni",)), (8, ("avx_vnni", "avx512_vnni")))
+                 if v <= lanes and isa & set(flags) and (v == 8 or "avx512f" in isa))
+    dot = vnni or ((8,) if lanes >= 8 and "avx2" in isa else ())
+    return Limits(profile.fingerprint, lanes, regs, max(1, profile.physical_cores), caches, dot, bool(vnni))
 
 
 def knob_space(problem, lim: Limits) -> Space:
@@ -187,9 +192,9 @@ def quant_space(problem, lim: Limits, variants: tuple[str, ...]) -> Space:
     if not set(variants) - {"fp32"}:
         return space
     if problem.op == "mlp":  # a format per layer
-        return mlp.with_formats(space, problem.layers, tuple(variants), lim.dot_i8_lanes)
+        return mlp.with_formats(space, problem.layers, tuple(variants), lim.dot_i8_lanes, lim.dot_i8_vnni)
     return qgemv.with_formats(space, tuple(variants), lim.dot_i8_lanes,
-                              "pack_b == 1" if problem.op == "gemm" else "w_layout == 'packed'")
+                              "pack_b == 1" if problem.op == "gemm" else "w_layout == 'packed'", lim.dot_i8_vnni)
 
 
 def default_knobs(problem, lim: Limits) -> dict[str, Any]:

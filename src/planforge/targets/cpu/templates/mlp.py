@@ -28,8 +28,9 @@ channel / int4 by blocks of ``qblock`` rows, as the quantised GEMV
 into panels of ``jb * vec`` columns (padded with zero weights), widens them to
 fp32 in registers and accumulates in fp32; activations stay fp32. A split-K
 slice of an int4 layer starts on a block boundary, so that each thread's blocks
-carry their own scales. Where a vector width has a u8 x s8 dot product (VNNI),
-``act = "int8"`` also quantises each int8 layer's input (per call, symmetric over
+carry their own scales. Where a vector width has an exact u8 x s8 dot product
+(VNNI; or AVX2's int16 multiply-adds at 8 lanes, ``qgemv.DOT``),
+``act = "int8"`` also quantises each int8 layer's input (per call, asymmetric over
 the whole input, as the quantised GEMV's ``int8+a8`` does) and multiplies in
 int32, four rows a lane; such a layer is split along N, so that every thread
 quantises the same whole input with the same scale.
@@ -131,12 +132,12 @@ def variants(lim) -> tuple[str, ...]:
 
 
 def with_formats(space: Space, layers: Sequence[tuple[int, int, str]], names: Sequence[str],
-                 dot_lanes: Sequence[int] = ()) -> Space:
+                 dot_lanes: Sequence[int] = (), vnni: bool = True) -> Space:
     """``space`` with each layer's weight format a gene (``wfmt<i>``) among the variants ``names`` (fp32, bf16,
     int8, int8+a8, int4:BLOCK; ``variant_knobs`` refuses others), ``qblock`` among their int4 blocks and, with
     ``int8+a8`` among them and ``dot_lanes`` (the vector widths with a u8 x s8 dot product), ``act``: whether
     int8 layers quantise their input too. Points that are one kernel under two names are left out: no int4 layer
-    keeps the first block, no int8 layer keeps fp32 activations."""
+    keeps the first block, no int8 layer keeps fp32 activations. ``vnni``: as for ``qgemv.with_formats``."""
     vk = [variant_knobs(n) for n in names]
     a8 = any(k["act"] == "int8" for k in vk)
     if a8 and not dot_lanes:
@@ -156,6 +157,7 @@ def with_formats(space: Space, layers: Sequence[tuple[int, int, str]], names: Se
                   *(f"act == 'fp32' or {n} != 'int8' or {s} == 'n'" for n, s in zip(fn, split_names(layers)))]
         if not weight_only:
             rules.append(f"act == 'int8' or not ({any8})")
+        return Space(knobs, rules, constants={**space.constants, "a8_widen": qgemv.a8_widen(vnni)})
     return Space(knobs, rules, constants=space.constants)
 
 

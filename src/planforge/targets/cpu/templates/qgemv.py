@@ -143,23 +143,49 @@ def block_source(knobs: dict[str, Any]) -> str:
 # int8 weights and dynamic int8 activations: x quantised once per call (asymmetric u8 with a zero point, as ONNX
 # Runtime's dynamic quantisation: 255 steps over the range the input spans, so a one-sided input such as a
 # SwiGLU's or a ReLU's output gets twice the resolution of a symmetric 127), each column's 4 consecutive rows
-# side by side, one u8 x s8 dot product of 4 per lane (VNNI), int32 sums; the zero point is undone with each
-# channel's sum of values: y = sx * sw * (acc - zp * colsum)
+# side by side, int32 sums; the zero point is undone with each channel's sum of values:
+# y = sx * sw * (acc - zp * colsum). The products of 4 per lane are one u8 x s8 dot-product instruction where
+# the CPU has VNNI. AVX2 without it (Zen 3) widens both sides to int16 and multiplies-adds pairs (vpmaddwd),
+# which is exact for the full 8 bits of x, where vpmaddubsw's 16-bit pair sums saturate (255 * 127 * 2 > 32767;
+# ONNX Runtime's AVX2 u8 x s8 path uses it and offers 7-bit weights against that): each step leaves a column's two pair sums
+# in neighbouring lanes of two accumulators, added once at the end (``fold``).
+# ``vacc`` is the accumulator, ``VACC0`` its zero, ``fold`` its int32 sum per column.
 DOT = r"""
 #if V == 16 && defined(__AVX512VNNI__)
-static inline vi dot4(vi acc, uint32_t x4, const int8_t *w) {
+typedef vi vacc;
+static inline vacc dot4(vacc acc, uint32_t x4, const int8_t *w) {
     return (vi)_mm512_dpbusd_epi32((__m512i)acc, _mm512_set1_epi32((int)x4), _mm512_loadu_si512((const void *)w));
 }
 #elif V == 8 && defined(__AVX512VNNI__) && defined(__AVX512VL__)
-static inline vi dot4(vi acc, uint32_t x4, const int8_t *w) {
+typedef vi vacc;
+static inline vacc dot4(vacc acc, uint32_t x4, const int8_t *w) {
     return (vi)_mm256_dpbusd_epi32((__m256i)acc, _mm256_set1_epi32((int)x4), _mm256_loadu_si256((const __m256i *)w));
 }
 #elif V == 8 && defined(__AVXVNNI__)
-static inline vi dot4(vi acc, uint32_t x4, const int8_t *w) {
+typedef vi vacc;
+static inline vacc dot4(vacc acc, uint32_t x4, const int8_t *w) {
     return (vi)_mm256_dpbusd_avx_epi32((__m256i)acc, _mm256_set1_epi32((int)x4), _mm256_loadu_si256((const __m256i *)w));
 }
+#elif V == 8 && defined(__AVX2__)
+#define DOT_MADD16 1
+/* lo: columns 0-3, hi: columns 4-7, two int32 lanes each (rows 0+1 and rows 2+3 of the group of 4) */
+typedef struct { __m256i lo, hi; } vacc;
+static inline vacc dot4(vacc acc, uint32_t x4, const int8_t *w) {
+    const __m256i xs = _mm256_cvtepu8_epi16(_mm_set1_epi32((int)x4));  /* x0..x3 as int16, four times */
+    const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
+    const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
+    acc.lo = _mm256_add_epi32(acc.lo, _mm256_madd_epi16(w0, xs));
+    acc.hi = _mm256_add_epi32(acc.hi, _mm256_madd_epi16(w1, xs));
+    return acc;
+}
+static inline vi fold(vacc a) {
+    /* per 128-bit half: columns 0 1 4 5 | 2 3 6 7; the quadwords in order: 0 1 2 3 4 5 6 7 */
+    return (vi)_mm256_permute4x64_epi64(_mm256_hadd_epi32(a.lo, a.hi), 0xD8);
+}
+#define VACC0 ((vacc){ _mm256_setzero_si256(), _mm256_setzero_si256() })
 #else
-static inline vi dot4(vi acc, uint32_t x4, const int8_t *w) {
+typedef vi vacc;
+static inline vacc dot4(vacc acc, uint32_t x4, const int8_t *w) {
     for (int i = 0; i < V; i++) {
         int32_t s = 0;
         for (int t = 0; t < 4; t++) s += (int32_t)((x4 >> (8 * t)) & 255) * w[4 * i + t];
@@ -167,6 +193,10 @@ static inline vi dot4(vi acc, uint32_t x4, const int8_t *w) {
     }
     return acc;
 }
+#endif
+#ifndef DOT_MADD16
+static inline vi fold(vacc a) { return a; }
+#define VACC0 ((vacc){0})
 #endif
 static inline vi vload_i(const int32_t *p) { vi v; memcpy(&v, p, sizeof v); return v; }
 /* x -> u8, asymmetric over [min(x, 0), max(x, 0)] in 255 steps: u = round(x / sx) + zp, zero exact at zp; padded
@@ -195,12 +225,12 @@ def a8_block_source(knobs: dict[str, Any]) -> str:
     L = ["static inline void qblock(const uint32_t *restrict xq, const int8_t *restrict wp, const float *restrict sp,"
          " const int32_t *restrict cs, const float *restrict bias, float *restrict y, int N, int K4, int j0,"
          " float sx, int zp, int epi) {",
-         *("    " + " ".join(f"vi a{s}_{v} = (vi){{0}};" for v in range(jb)) for s in range(ks)),
+         *("    " + " ".join(f"vacc a{s}_{v} = VACC0;" for v in range(jb)) for s in range(ks)),
          f"    const int K4c = K4 / {ks};",  # set s over its own chunk of K: ksplit streams from memory
          f"    #pragma GCC unroll {unroll}", "    for (int t = 0; t < K4c; t++) {",
          *(f"        {step(f't + {s} * K4c' if s else 't', s)}" for s in range(ks)), "    }",
          f"    for (int t = {ks} * K4c; t < K4; t++) {{ {step('t', 0)} }}"]
-    sums = {v: f"__builtin_convertvector(({' + '.join(f'a{s}_{v}' for s in range(ks))}) - zp * "
+    sums = {v: f"__builtin_convertvector(({' + '.join(f'fold(a{s}_{v})' for s in range(ks))}) - zp * "
                f"vload_i(cs + j0 + {v} * V), vf) * (vload(sp + j0 + {v} * V) * sx)" for v in range(jb)}
     return "\n".join(L + _store(jb, sums))
 
@@ -288,18 +318,20 @@ def quantised(knobs: dict[str, Any]) -> bool:
 def variants(lim, activations: bool = True) -> tuple[str, ...]:
     """The quantised variants (``planforge.quant.variant``) this machine runs: every format and int4 block, and
     (``activations``) int8 weights with dynamic int8 activations where a vector width has a u8 x s8 dot
-    product (VNNI)."""
+    product (VNNI, or AVX2's multiply-adds)."""
     return ("fp32", "bf16", "int8", *(("int8+a8",) if lim.dot_i8_lanes and activations else ()),
             *(variant("int4", b) for b in INT4_BLOCKS))
 
 
 def with_formats(space: Space, names: tuple[str, ...], dot_lanes: tuple[int, ...] = (),
-                 packed: str = "w_layout == 'packed'") -> Space:
+                 packed: str = "w_layout == 'packed'", vnni: bool = True) -> Space:
     """``space`` (the fp32 GEMV's, or GEMM's) with the weight format as a gene beside its tile knobs: ``wfmt``
     among the formats of the variants ``names``, ``qblock`` (int4's block along K) among their blocks, and
     ``act`` (dynamic int8 activations) when ``int8+a8`` is among them (at the widths ``dot_lanes`` with a dot
     product). A quantised plan always packs its weights (``packed``: the condition that says so in this
-    space), and only int4 has a block size, so the restrictions keep one point per distinct kernel."""
+    space), and only int4 has a block size, so the restrictions keep one point per distinct kernel. ``vnni``:
+    whether the dot product at those widths is one instruction (else AVX2's multiply-adds), for the cost model
+    (the constant ``a8_widen``)."""
     vk = [variant_knobs(n) for n in names]  # QuantError (a ValueError) names an unknown variant
     formats = tuple(dict.fromkeys(k["wfmt"] for k in vk))
     blocks = tuple(dict.fromkeys(k["qblock"] for k in vk if k["wfmt"] == "int4")) or INT4_BLOCKS[:1]
@@ -311,7 +343,15 @@ def with_formats(space: Space, names: tuple[str, ...], dot_lanes: tuple[int, ...
         rules.append(f"act == 'fp32' or (wfmt == 'int8' and vec in {tuple(dot_lanes)!r})")
         if acts == ("int8",):
             rules.append("wfmt != 'int8' or act == 'int8'")  # weight-only int8 is over budget
+        return Space(knobs, rules, constants={**space.constants, "a8_widen": a8_widen(vnni)})
     return Space(knobs, rules, constants=space.constants)
+
+
+def a8_widen(vnni: bool) -> float:
+    """Vector instructions per fp32-FMA's worth of int8 x u8 products, beyond the one FMA (as the cost model's
+    other formats count them): VNNI does 4 per lane in one (-0.75); AVX2's path spends 6 on 4 (two widenings,
+    two multiply-adds, two adds: +0.5)."""
+    return -0.75 if vnni else 0.5
 
 
 def reference_inputs(knobs: dict[str, Any], inputs: dict[str, np.ndarray], weight: str = "W", act: str = "x"):
@@ -342,5 +382,5 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, W, bias, y):
     return struct_call(lib.pf_qgemv, args, (x, W, pk, bias, y))
 
 
-__all__ = ["DOT", "LOADS", "QGemvArgs", "a8_block_source", "act_int8", "bind", "block_source", "pack_for", "quantised", "reference_inputs", "source",
+__all__ = ["DOT", "LOADS", "QGemvArgs", "a8_block_source", "a8_widen", "act_int8", "bind", "block_source", "pack_for", "quantised", "reference_inputs", "source",
            "variants", "with_formats"]
