@@ -296,9 +296,10 @@ def _check(fits, reason, ok, why: str):
 
 # per weight format: vector instructions to widen one vector of weights, per FMA (bf16: a zero-extend and a
 # shift; int8: a sign-extend and a convert; int4: two values per sign-extend, a shift pair and two converts);
-# int8 weights with int8 activations: one dot-product instruction per 4 multiply-adds (VNNI), so -0.75, or
-# what the space's constant ``a8_widen`` says (AVX2's multiply-adds: qgemv.a8_widen)
-WIDEN_OPS = {"fp32": 0.0, "bf16": 1.0, "int8": 1.0, "int4": 1.5, "int8+a8": -0.75}
+# int8 weights with int8 activations: one dot-product instruction per 4 multiply-adds (VNNI), so -0.75; where
+# the space's constant ``a8_vnni`` is false, AVX2's path spends 6 on 4 (two widenings to int16, two
+# multiply-adds, two adds: qgemv.DOT), so +0.5
+WIDEN_OPS = {"fp32": 0.0, "bf16": 1.0, "int8": 1.0, "int4": 1.5, "int8+a8": -0.75, "int8+a8 avx2": 0.5}
 
 
 def _weight_format(k: Mapping[str, np.ndarray], n: int, K: int,
@@ -309,8 +310,8 @@ def _weight_format(k: Mapping[str, np.ndarray], n: int, K: int,
     fmts, blocks = np.asarray(k["wfmt"], dtype=object), np.asarray(k["qblock"])
     acts = np.asarray(k["act"], dtype=object) if "act" in k else np.full(n, "fp32", dtype=object)
     wb = np.array([bytes_per_weight(f, K, int(b)) for f, b in zip(fmts, blocks)])
-    ops = {**WIDEN_OPS, "int8+a8": float((constants or {}).get("a8_widen", WIDEN_OPS["int8+a8"]))}
-    widen = np.array([ops[f + ("+a8" if a == "int8" and f == "int8" else "")] for f, a in zip(fmts, acts)])
+    a8 = "int8+a8" if (constants or {}).get("a8_vnni", True) else "int8+a8 avx2"
+    widen = np.array([WIDEN_OPS[a8 if a == "int8" and f == "int8" else f] for f, a in zip(fmts, acts)])
     return wb, widen
 
 

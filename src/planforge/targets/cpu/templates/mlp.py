@@ -157,7 +157,7 @@ def with_formats(space: Space, layers: Sequence[tuple[int, int, str]], names: Se
                   *(f"act == 'fp32' or {n} != 'int8' or {s} == 'n'" for n, s in zip(fn, split_names(layers)))]
         if not weight_only:
             rules.append(f"act == 'int8' or not ({any8})")
-        return Space(knobs, rules, constants={**space.constants, "a8_widen": qgemv.a8_widen(vnni)})
+        return Space(knobs, rules, constants={**space.constants, "a8_vnni": bool(vnni)})
     return Space(knobs, rules, constants=space.constants)
 
 

@@ -147,8 +147,8 @@ def block_source(knobs: dict[str, Any]) -> str:
 # y = sx * sw * (acc - zp * colsum). The products of 4 per lane are one u8 x s8 dot-product instruction where
 # the CPU has VNNI. AVX2 without it (Zen 3) widens both sides to int16 and multiplies-adds pairs (vpmaddwd),
 # which is exact for the full 8 bits of x, where vpmaddubsw's 16-bit pair sums saturate (255 * 127 * 2 > 32767;
-# ONNX Runtime's AVX2 u8 x s8 path uses it and offers 7-bit weights against that): each step leaves a column's two pair sums
-# in neighbouring lanes of two accumulators, added once at the end (``fold``).
+# ONNX Runtime's AVX2 u8 x s8 path uses it and offers 7-bit weights against that): each step leaves a column's
+# two pair sums in neighbouring lanes of two accumulators, added once at the end (``fold``).
 # ``vacc`` is the accumulator, ``VACC0`` its zero, ``fold`` its int32 sum per column.
 DOT = r"""
 #if V == 16 && defined(__AVX512VNNI__)
@@ -331,7 +331,7 @@ def with_formats(space: Space, names: tuple[str, ...], dot_lanes: tuple[int, ...
     product). A quantised plan always packs its weights (``packed``: the condition that says so in this
     space), and only int4 has a block size, so the restrictions keep one point per distinct kernel. ``vnni``:
     whether the dot product at those widths is one instruction (else AVX2's multiply-adds), for the cost model
-    (the constant ``a8_widen``)."""
+    (the constant ``a8_vnni``)."""
     vk = [variant_knobs(n) for n in names]  # QuantError (a ValueError) names an unknown variant
     formats = tuple(dict.fromkeys(k["wfmt"] for k in vk))
     blocks = tuple(dict.fromkeys(k["qblock"] for k in vk if k["wfmt"] == "int4")) or INT4_BLOCKS[:1]
@@ -343,15 +343,8 @@ def with_formats(space: Space, names: tuple[str, ...], dot_lanes: tuple[int, ...
         rules.append(f"act == 'fp32' or (wfmt == 'int8' and vec in {tuple(dot_lanes)!r})")
         if acts == ("int8",):
             rules.append("wfmt != 'int8' or act == 'int8'")  # weight-only int8 is over budget
-        return Space(knobs, rules, constants={**space.constants, "a8_widen": a8_widen(vnni)})
+        return Space(knobs, rules, constants={**space.constants, "a8_vnni": bool(vnni)})
     return Space(knobs, rules, constants=space.constants)
-
-
-def a8_widen(vnni: bool) -> float:
-    """Vector instructions per fp32-FMA's worth of int8 x u8 products, beyond the one FMA (as the cost model's
-    other formats count them): VNNI does 4 per lane in one (-0.75); AVX2's path spends 6 on 4 (two widenings,
-    two multiply-adds, two adds: +0.5)."""
-    return -0.75 if vnni else 0.5
 
 
 def reference_inputs(knobs: dict[str, Any], inputs: dict[str, np.ndarray], weight: str = "W", act: str = "x"):
@@ -382,5 +375,5 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, W, bias, y):
     return struct_call(lib.pf_qgemv, args, (x, W, pk, bias, y))
 
 
-__all__ = ["DOT", "LOADS", "QGemvArgs", "a8_block_source", "a8_widen", "act_int8", "bind", "block_source", "pack_for", "quantised", "reference_inputs", "source",
+__all__ = ["DOT", "LOADS", "QGemvArgs", "a8_block_source", "act_int8", "bind", "block_source", "pack_for", "quantised", "reference_inputs", "source",
            "variants", "with_formats"]
