@@ -85,10 +85,43 @@ class Records:
         try:
             self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
             self.db.execute("PRAGMA busy_timeout = 60000")
-            mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = self._switch_to_wal()
             self.db.execute("PRAGMA synchronous = NORMAL")
-            version = self.db.execute("PRAGMA user_version").fetchone()[0]
-            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except sqlite3.DatabaseError as e:
+            raise RecordsError(f"{self.path} is not a planforge records database ({e})") from None
+        if mode.lower() != "wal":
+            raise RecordsError(f"{self.path}: could not switch to WAL journal mode (got {mode})")
+        # Read, check and create the schema in one write transaction: a second process opening a new database
+        # at the same moment waits here, then finds every table, never a schema half made.
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as e:
+            raise RecordsError(f"{self.path} is not a planforge records database ({e})") from None
+        try:
+            self._check_and_create()
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def _switch_to_wal(self, patience_s: float = 60.0) -> str:
+        """Switch to WAL. On a database another process is creating at the same moment SQLite answers
+        'database is locked' at once, without calling the busy handler: wait and retry for up to
+        ``patience_s``."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                return self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def _check_and_create(self) -> None:
+        db = self.db
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         except sqlite3.DatabaseError as e:
             raise RecordsError(f"{self.path} is not a planforge records database ({e})") from None
         if version > USER_VERSION:
@@ -97,32 +130,16 @@ class Records:
         if tables and not {"runs", "measurements"} <= tables:
             raise RecordsError(f"{self.path} is an SQLite database but not planforge's records "
                                f"(tables: {', '.join(sorted(tables))})")
-        if mode.lower() != "wal":
-            raise RecordsError(f"{self.path}: could not switch to WAL journal mode (got {mode})")
         if version == 1 and "measurements" in tables:
-            self._upgrade_from_1()
+            # Version 1 held one measurement per (run, task, candidate): copy its rows into the version 2
+            # table, unique per device fingerprint as well (inside the caller's transaction).
+            db.execute(_MEASUREMENTS.format(name="measurements_v2"))
+            db.execute("INSERT INTO measurements_v2 SELECT * FROM measurements")
+            db.execute("DROP TABLE measurements")
+            db.execute("ALTER TABLE measurements_v2 RENAME TO measurements")
         for ddl in (_RUNS, _MEASUREMENTS.format(name="measurements"), _INDEX):
-            self.db.execute(ddl)
-        self.db.execute(f"PRAGMA user_version = {USER_VERSION}")
-
-    def _upgrade_from_1(self) -> None:
-        """Version 1 held one measurement per (run, task, candidate): copy its rows into the version 2 table,
-        unique per device fingerprint as well. One transaction; a second process opening the same database
-        meanwhile waits, then finds it upgraded."""
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            if db.execute("PRAGMA user_version").fetchone()[0] == 1:
-                db.execute(_MEASUREMENTS.format(name="measurements_v2"))
-                db.execute("INSERT INTO measurements_v2 SELECT * FROM measurements")
-                db.execute("DROP TABLE measurements")
-                db.execute("ALTER TABLE measurements_v2 RENAME TO measurements")
-                db.execute(_INDEX)
-                db.execute(f"PRAGMA user_version = {USER_VERSION}")
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+            db.execute(ddl)
+        db.execute(f"PRAGMA user_version = {USER_VERSION}")
 
     def close(self) -> None:
         self.db.close()
