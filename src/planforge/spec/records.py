@@ -86,23 +86,21 @@ class Records:
             self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
             self.db.execute("PRAGMA busy_timeout = 60000")
             mode = self._switch_to_wal()
+            if mode.lower() != "wal":
+                raise RecordsError(f"{self.path}: could not switch to WAL journal mode (got {mode})")
             self.db.execute("PRAGMA synchronous = NORMAL")
-        except sqlite3.DatabaseError as e:
-            raise RecordsError(f"{self.path} is not a planforge records database ({e})") from None
-        if mode.lower() != "wal":
-            raise RecordsError(f"{self.path}: could not switch to WAL journal mode (got {mode})")
-        # Read, check and create the schema in one write transaction: a second process opening a new database
-        # at the same moment waits here, then finds every table, never a schema half made.
-        try:
+            # Read, check and make the schema in one write transaction: a second process opening a new
+            # database at the same moment waits here, then finds every table, never a schema half made.
             self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self._check_and_create()
+                self.db.execute("COMMIT")
+            except BaseException:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
         except sqlite3.DatabaseError as e:
             raise RecordsError(f"{self.path} is not a planforge records database ({e})") from None
-        try:
-            self._check_and_create()
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
 
     def _switch_to_wal(self, patience_s: float = 60.0) -> str:
         """Switch to WAL. On a database another process is creating at the same moment SQLite answers
@@ -113,17 +111,15 @@ class Records:
             try:
                 return self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             except sqlite3.OperationalError as e:
-                if "locked" not in str(e) or time.monotonic() > deadline:
+                busy = e.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                if not busy or time.monotonic() > deadline:
                     raise
                 time.sleep(0.02)
 
     def _check_and_create(self) -> None:
         db = self.db
-        try:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        except sqlite3.DatabaseError as e:
-            raise RecordsError(f"{self.path} is not a planforge records database ({e})") from None
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if version > USER_VERSION:
             raise RecordsError(f"{self.path} was written by a newer planforge (records version {version}; "
                                f"this one reads {USER_VERSION}); upgrade planforge")
