@@ -566,8 +566,10 @@ NCHW_FORMS = ("conv2d", "conv_act", "conv_bn", "conv_bn_act", "conv_add", "conv_
 
 def test_a_partitioned_mobilenet_like_cnn_runs_nhwc_from_its_input_to_its_classifier(tmp_path):
     """Tuned at a tiny budget, every part of the plan reads and writes NHWC: one transpose at the input, one after
-    the global pool (a [1, C] vector), no NCHW convolution, pool or squeeze-excite multiply, and the model's output
-    as torch computes it."""
+    the global pool (a [1, C] vector), no NCHW convolution, pool or squeeze-excite multiply after the first
+    transpose, and the model's output as torch computes it. The stem may run before that transpose: transposing
+    its 3-channel input or its output is a tie in the estimates (1.915 vs 1.917 us here), so the probe's noise,
+    not the layout rules, picks one."""
     import planforge
     from planforge.workloads.models import graph_workload
 
@@ -577,7 +579,10 @@ def test_a_partitioned_mobilenet_like_cnn_runs_nhwc_from_its_input_to_its_classi
     res = planforge.tune(w, budget=3, out=tmp_path / "t")
     kinds = [s["args"][0] for task, _ in res.spec["partition"]["parts"] for s in res.spec["tasks"][task]["program"]
              if s["op"].startswith(("lib", "tmpl"))]
-    assert not [k for k in kinds if k in NCHW_FORMS], kinds
+    assert "transpose" in kinds, kinds
+    first = kinds.index("transpose")
+    assert not [k for k in kinds[first:] if k in NCHW_FORMS], kinds
+    assert [k for k in kinds[:first] if k in NCHW_FORMS] in ([], ["conv_act"]), kinds  # at most the stem
     assert kinds.count("transpose") <= 2, kinds
     want = m(x).detach().numpy()
     (got,) = res.plan(x.numpy())
