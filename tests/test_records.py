@@ -1,3 +1,4 @@
+import os
 import sqlite3
 
 import pytest
@@ -93,6 +94,77 @@ def test_one_candidate_on_two_devices_and_version_1_upgraded(tmp_path):
         assert db.add("r1", "kk", "t", "dev-b", "fp1", {}, o, 1)
         assert db.count() == 2
 
+
+
+def _v1_database(path):
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, workload TEXT NOT NULL, workload_key TEXT NOT NULL, "
+                "config_key TEXT NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL, started REAL NOT NULL, "
+                "finished REAL, command TEXT)")
+    con.execute(V1_MEASUREMENTS)
+    con.execute("INSERT INTO runs VALUES ('r1', 'w', 'kk', 'c', '{}', 'done', 0, 1, '')")
+    con.execute("INSERT INTO measurements VALUES (1, 'r1', 'kk', 't', 'dev-a', 'fp1', '{}', 'measured', NULL, 1e-6, "
+                "'[1e-06]', '', 1, 0)")
+    con.execute("PRAGMA user_version = 1")
+    con.commit()
+    con.close()
+
+
+def test_a_database_read_for_a_warm_start_or_an_export_is_left_as_it_was(tmp_path):
+    """Read-only (warm starts, exports, a merge's inputs): a colleague's version 1 file is read without being
+    upgraded or switched to WAL, not one byte of it written; a file that is not there, or holds no tables, is
+    refused as such, and writing through a read-only handle is SQLite's refusal, not a change."""
+    old = tmp_path / "v1.db"
+    _v1_database(old)
+    before = old.read_bytes()
+    with Records(old, readonly=True) as db:
+        assert [(r.target, r.fingerprint, r.outcome.metric) for r in db.records()] == [("dev-a", "fp1", 1e-6)]
+        assert db.runs()[0]["status"] == "done"
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            db.start_run("w", "k" * 16, {})
+    assert old.read_bytes() == before
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["v1.db"]  # no -wal or -shm left beside it
+    with pytest.raises(RecordsError, match="no records database at"):
+        Records(tmp_path / "missing.db", readonly=True)
+    assert not (tmp_path / "missing.db").exists()
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    with pytest.raises(RecordsError, match=r"not planforge's records \(tables: none\)"):
+        Records(empty, readonly=True)
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not sqlite" * 500)
+    with pytest.raises(RecordsError, match="is not a planforge records database"):
+        Records(junk, readonly=True)
+    # a writable open of the same file upgrades it, as before
+    with Records(old) as db:
+        assert db.db.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_a_records_path_that_cannot_be_written_is_a_records_error(tmp_path):
+    """A records path under a file (no folder can be made there) is a RecordsError that says so, not an
+    OSError from deep inside, and not 'not a planforge database'."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(RecordsError, match="cannot make the folder"):
+        Records(tmp_path / "afile" / "records.db")
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes read-only files anyway")
+def test_a_read_only_records_file_is_read_but_not_tuned_into(tmp_path):
+    p = tmp_path / "ro" / "r.db"
+    with Records(p) as db:
+        run, _ = db.start_run("w", "k" * 16, {})
+        db.add(run, "k" * 16, "t", "dev-a", "fp1", {"a": 1}, Outcome.measured([1e-6]), 1)
+    os.chmod(p, 0o444)
+    os.chmod(p.parent, 0o555)
+    try:
+        with pytest.raises(RecordsError, match="for writing") as e:
+            Records(p)
+        assert "not a planforge" not in str(e.value)
+        with Records(p, readonly=True) as db:
+            assert db.count() == 1
+    finally:
+        os.chmod(p.parent, 0o755)
+        os.chmod(p, 0o644)
 
 
 def test_many_openers_of_one_new_database_at_once_all_succeed(tmp_path):

@@ -74,7 +74,7 @@ def load_sources(paths: Sequence[str | os.PathLike], names: Sequence[str] | None
             if head == SQLITE_MAGIC:
                 if names is None:
                     raise WarmError(f"--warm-start {path}: a records database needs the space's knob names")
-                with Records(path) as db:
+                with Records(path, readonly=True) as db:
                     found = records_sources(db, names, task)
                 if not found:
                     raise WarmError(f"--warm-start {path}: the records hold no measurements with this space's "

@@ -196,7 +196,7 @@ def export_records(db_path: str | os.PathLike, fmt: str, out: str | os.PathLike,
     if not p.is_file():
         raise ExportError(f"{p}: no such records database")
     try:
-        db = Records(p)
+        db = Records(p, readonly=True)
     except RecordsError as e:
         raise ExportError(str(e)) from None
     try:

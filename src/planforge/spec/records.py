@@ -75,32 +75,87 @@ class Records:
     """The records database at ``path`` (created if missing).
 
     Every write commits at once (autocommit); WAL mode lets readers and a
-    second writer proceed while a run is in progress."""
+    second writer proceed while a run is in progress.
 
-    def __init__(self, path: str | os.PathLike):
+    ``readonly``: only read it (warm starts, exports, a merge's inputs): the file must exist, nothing in it is
+    created, upgraded or switched to WAL, so a colleague's or a committed database is read as it is, also where
+    it cannot be written; a version 1 database is read without its upgrade."""
+
+    def __init__(self, path: str | os.PathLike, readonly: bool = False):
         self.path = Path(path)
+        self.readonly = readonly
         if self.path.exists() and self.path.is_dir():
             raise RecordsError(f"records path {self.path} is a directory, not a database file")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            self.db.execute("PRAGMA busy_timeout = 60000")
-            mode = self._switch_to_wal()
-            if mode.lower() != "wal":
-                raise RecordsError(f"{self.path}: could not switch to WAL journal mode (got {mode})")
-            self.db.execute("PRAGMA synchronous = NORMAL")
-            # Read, check and make the schema in one write transaction: a second process opening a new
-            # database at the same moment waits here, then finds every table, never a schema half made.
-            self.db.execute("BEGIN IMMEDIATE")
+        if readonly and not self.path.is_file():
+            raise RecordsError(f"no records database at {self.path}")
+        if not readonly:
             try:
-                self._check_and_create()
-                self.db.execute("COMMIT")
-            except BaseException:
-                if self.db.in_transaction:
-                    self.db.execute("ROLLBACK")
-                raise
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise RecordsError(f"cannot make the folder of records database {self.path}: {e}") from None
+        self.db = None
+        try:
+            self._open()
         except sqlite3.DatabaseError as e:
-            raise RecordsError(f"{self.path} is not a planforge records database ({e})") from None
+            self._close_quietly()
+            raise RecordsError(self._describe(e)) from None
+        except BaseException:
+            self._close_quietly()
+            raise
+
+    def _open(self) -> None:
+        if self.readonly:
+            uri = f"{self.path.resolve().as_uri()}?mode=ro"
+            try:
+                self.db = sqlite3.connect(uri, uri=True, timeout=60, isolation_level=None)
+                self.db.execute("PRAGMA busy_timeout = 60000")
+                self._check(*self._schema())
+            except sqlite3.DatabaseError as e:
+                # Reading a WAL database needs its -shm file; in a folder this process cannot write, none can
+                # be made, so read the file as one nobody writes (nor can: neither the folder nor, here, we).
+                code = (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
+                if code not in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN) or \
+                        os.access(self.path.parent, os.W_OK):
+                    raise
+                self._close_quietly()
+                self.db = sqlite3.connect(uri + "&immutable=1", uri=True, timeout=60, isolation_level=None)
+                self._check(*self._schema())
+            return
+        self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        self.db.execute("PRAGMA busy_timeout = 60000")
+        mode = self._switch_to_wal()
+        if mode.lower() != "wal":
+            raise RecordsError(f"{self.path}: could not switch to WAL journal mode (got {mode})")
+        self.db.execute("PRAGMA synchronous = NORMAL")
+        # Read, check and make the schema in one write transaction: a second process opening a new
+        # database at the same moment waits here, then finds every table, never a schema half made.
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self._check_and_create()
+            self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
+
+    def _describe(self, e: sqlite3.DatabaseError) -> str:
+        """What a user reads when SQLite refuses the file: not a database at all, or one this process
+        cannot write (read-only, full disk, an I/O error), which is not a reason to call it someone else's."""
+        code = getattr(e, "sqlite_errorcode", None)
+        if code == sqlite3.SQLITE_NOTADB or (code is None and "not a database" in str(e)):
+            return f"{self.path} is not a planforge records database ({e})"
+        if self.readonly:
+            return f"cannot read records database {self.path} ({e})"
+        return (f"cannot open records database {self.path} for writing ({e}); "
+                f"a tuning run writes every measurement there: give it a writable path")
+
+    def _close_quietly(self) -> None:
+        if self.db is not None:
+            try:
+                self.db.close()
+            except sqlite3.Error:
+                pass
+            self.db = None
 
     def _switch_to_wal(self, patience_s: float = 60.0) -> str:
         """Switch to WAL. On a database another process is creating at the same moment SQLite answers
@@ -116,16 +171,23 @@ class Records:
                     raise
                 time.sleep(0.02)
 
-    def _check_and_create(self) -> None:
-        db = self.db
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    def _schema(self) -> tuple[int, set[str]]:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        return version, {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+    def _check(self, version: int, tables: set[str]) -> None:
+        """Refuse a database of a newer planforge or of another program (read-only: an empty one too)."""
         if version > USER_VERSION:
             raise RecordsError(f"{self.path} was written by a newer planforge (records version {version}; "
                                f"this one reads {USER_VERSION}); upgrade planforge")
-        if tables and not {"runs", "measurements"} <= tables:
+        if (tables or self.readonly) and not {"runs", "measurements"} <= tables:
             raise RecordsError(f"{self.path} is an SQLite database but not planforge's records "
-                               f"(tables: {', '.join(sorted(tables))})")
+                               f"(tables: {', '.join(sorted(tables)) or 'none'})")
+
+    def _check_and_create(self) -> None:
+        db = self.db
+        version, tables = self._schema()
+        self._check(version, tables)
         if version == 1 and "measurements" in tables:
             # Version 1 held one measurement per (run, task, candidate): copy its rows into the version 2
             # table, unique per device fingerprint as well (inside the caller's transaction).
@@ -138,7 +200,7 @@ class Records:
         db.execute(f"PRAGMA user_version = {USER_VERSION}")
 
     def close(self) -> None:
-        self.db.close()
+        self._close_quietly()
 
     def __enter__(self) -> "Records":
         return self
@@ -231,7 +293,7 @@ def merge_records(inputs: list[str | os.PathLike], out: str | os.PathLike) -> di
         for p in inputs:
             if Path(p).resolve() == dst.path.resolve():
                 continue
-            Records(p).close()  # refuses a file that is not planforge's, or from a newer planforge
+            Records(p, readonly=True).close()  # refuses a file that is not planforge's, or from a newer planforge
             db = dst.db
             db.execute("ATTACH DATABASE ? AS src", (str(p),))
             try:
