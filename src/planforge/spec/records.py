@@ -111,10 +111,9 @@ class Records:
                 self.db.execute("PRAGMA busy_timeout = 60000")
                 self._check(*self._schema())
             except sqlite3.DatabaseError as e:
-                # Reading a WAL database needs its -shm file; in a folder this process cannot write, none can
-                # be made, so read the file as one nobody writes (nor can: neither the folder nor, here, we).
-                code = (getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
-                if code not in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN) or \
+                # Reading a WAL database needs its -shm file, which cannot be made in a folder this process
+                # cannot write: there, read the file as immutable (no -shm, no locks).
+                if e.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN) or \
                         os.access(self.path.parent, os.W_OK):
                     raise
                 self._close_quietly()
@@ -141,8 +140,7 @@ class Records:
     def _describe(self, e: sqlite3.DatabaseError) -> str:
         """What a user reads when SQLite refuses the file: not a database at all, or one this process
         cannot write (read-only, full disk, an I/O error), which is not a reason to call it someone else's."""
-        code = getattr(e, "sqlite_errorcode", None)
-        if code == sqlite3.SQLITE_NOTADB or (code is None and "not a database" in str(e)):
+        if e.sqlite_errorcode == sqlite3.SQLITE_NOTADB:
             return f"{self.path} is not a planforge records database ({e})"
         if self.readonly:
             return f"cannot read records database {self.path} ({e})"
