@@ -1,4 +1,5 @@
-"""The claimed-chunk parallel loop (templates/parfor.py): every item once per call, whatever the threads."""
+"""The claimed-chunk parallel loop (templates/parfor.py): every item once per call, whatever the threads; each
+thread's share the same run of items in every call; libraries opened with ``open_library`` on one shared pool."""
 from __future__ import annotations
 
 import ctypes
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 
 from planforge.targets.cpu.build import build
-from planforge.targets.cpu.templates.parfor import PARFOR_C
+from planforge.targets.cpu.templates import parfor
+from planforge.targets.cpu.templates.parfor import PARFOR_C, PoolError, open_library, spin_us
 
 SOURCE = PARFOR_C + r"""
 typedef struct { int *hits; int *who; int stamp; } ctx_t;
@@ -22,7 +24,7 @@ static void body(const void *c, int lo, int hi) {
     }
 }
 
-int workers(void) { return pf_st.workers; }
+int workers(void) { return __builtin_popcountll(pf_st.ids); }
 
 void run(int *hits, int *who, int n, int threads, int stamp, int calls) {
     ctx_t c = { hits, who, stamp };
@@ -108,3 +110,49 @@ def test_idle_workers_leave_and_come_back():
     time.sleep(2.5)
     assert lib.workers() == 0  # asleep over a second: gone
     assert (_run(lib, 1000, 3, calls=5)[0] == 5).all() and lib.workers() == 2  # and back at the next call
+
+
+def test_a_worker_takes_its_own_share_first(lib):
+    """Thread 1 of 2 owns the second half of the chunks: whenever the worker ran any items they are one run that
+    holds the middle item (its share from the front, then, if it is done first, the caller's share from its end;
+    the caller takes the worker's share from the end while it is late), never items scattered over the range."""
+    n = 1 << 14
+    helped = 0
+    for _ in range(200):
+        hits, who = _run(lib, n, 2)
+        assert (hits == 1).all()
+        idx = np.flatnonzero(who)
+        if idx.size:
+            helped += 1
+            assert idx[0] <= n // 2 <= idx[-1] and idx[-1] - idx[0] + 1 == idx.size, (idx[0], idx[-1], idx.size)
+    assert helped, "no worker ever claimed a chunk in 200 two-thread calls"
+
+
+def test_opened_libraries_share_the_process_pool(tmp_path):
+    """``open_library`` puts a library's loops on the shared pool: its own pool never starts, every item is still
+    run once per call, and the shared pool's worker helps; a library opened with a plain CDLL starts its own."""
+    # sources of their own: a library the other tests loaded with CDLL would be that same handle
+    shared = [open_library(build(SOURCE + f"\n/* library {k} on the shared pool */\n").path) for k in (1, 2)]
+    P = ctypes.POINTER(ctypes.c_int)
+    for lib in shared:
+        lib.run.argtypes = [P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    helped = False
+    for _ in range(50):
+        for lib in shared:
+            hits, who = _run(lib, 1 << 14, 2, calls=4)
+            assert (hits == 4).all()
+            helped = helped or who.any()
+    assert helped
+    assert [lib.workers() for lib in shared] == [0, 0]
+    assert parfor._pool, "the shared pool was built and loaded"
+
+
+def test_pool_spin_setting(monkeypatch):
+    monkeypatch.delenv("PLANFORGE_POOL_SPIN_US", raising=False)
+    assert spin_us() == parfor.DEFAULT_SPIN_US
+    monkeypatch.setenv("PLANFORGE_POOL_SPIN_US", "0")
+    assert spin_us() == 0
+    for bad in ("-5", "1.5", "fast"):
+        monkeypatch.setenv("PLANFORGE_POOL_SPIN_US", bad)
+        with pytest.raises(PoolError, match=r"PLANFORGE_POOL_SPIN_US=.*whole number of microseconds"):
+            spin_us()

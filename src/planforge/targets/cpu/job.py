@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...measure.timing import TimingConfig, timed
+from .templates.parfor import open_library
 from .templates.problem import LIBRARIES, Problem, check, make_inputs, output_shape, reference, tolerance
 
 GUARD = 4096  # floats on each side of the output
@@ -74,7 +75,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     if job["impl"] == "kernel":
         lib = _libs.get(job["lib"])
         if lib is None:
-            lib = _libs[job["lib"]] = ctypes.CDLL(job["lib"])
+            lib = _libs[job["lib"]] = open_library(job["lib"])
         tmpl = template(job["template"])
         ref, tol = checked_against(p, job.get("seed", 0), tmpl, job["knobs"], inputs, ref, tol)
         fn = tmpl.bind(lib, p, job["knobs"], inputs, out)

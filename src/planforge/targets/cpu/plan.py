@@ -20,6 +20,7 @@ from ...ir import Graph
 from ...ops import LIBRARIES, REGISTRY
 from ...ops.pool import geometry as pool_geometry
 from .templates import TEMPLATES, maxpool
+from .templates.parfor import open_library
 from .templates.scratch import share
 
 ALIGN = 16  # floats: 64-byte aligned slots
@@ -214,7 +215,7 @@ class Plan:
             path = libs.get(s["cls"])
             if path is None:
                 raise PlanError(f"no compiled library for step {s['cls']} ({op} {s['args']})")
-            lib = self._libs.get(path) or self._libs.setdefault(path, ctypes.CDLL(path))
+            lib = self._libs.get(path) or self._libs.setdefault(path, open_library(path))
             if op == "fused_mlp":
                 cells = self._layer_cells(s["inputs"][1], by_cls)
                 ws = [const[w] for w, _ in cells]

@@ -8,20 +8,20 @@ fp64 answer with the original fp32 weights.
 """
 from __future__ import annotations
 
-import ctypes
 
 import numpy as np
 
 from ...quant import variant_knobs
 from .build import build
 from .templates import Template, make_inputs, output_shape, reference
+from .templates.parfor import open_library
 
 
 def validation_output(problem, template: Template, knobs: dict, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``(out, ref)``: ``template`` with ``knobs`` run once on ``problem``'s inputs of ``seed``, and the fp64
     reference on the same inputs."""
     inputs = make_inputs(problem, seed)
-    lib = ctypes.CDLL(str(build(template.source(problem, knobs), template.openmp(knobs)).path))
+    lib = open_library(str(build(template.source(problem, knobs), template.openmp(knobs)).path))
     out = np.zeros(output_shape(problem), np.float32)
     template.bind(lib, problem, knobs, inputs, out)()
     return out, reference(problem, inputs)

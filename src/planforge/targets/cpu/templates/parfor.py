@@ -9,30 +9,57 @@ woken thread waits for the scheduler: a two-thread GEMV timed at 0.47 ms took
 one-thread time (docs/benchmarks.md, issues 14 and 17).
 
 Here the loop's ``n`` items are cut into chunks (``PF_CHUNKS`` per thread) and
-every thread, the caller included, takes the next unclaimed chunk with one
-compare-and-swap on a word that holds the call's number, its chunk count and
-the next chunk. The caller starts at once; a worker that wakes late finds
-fewer chunks left, or none, and the call returns once every claimed chunk is
-done. So a call takes about the one-thread time when its workers are late and
-less when they come, never the time of a thread waiting for a core.
+each of the call's T threads has a home share: the k-th of T runs of chunks,
+in order. Every thread, the caller (thread 0) included, takes its own share's
+next chunk with one compare-and-swap, and once its share is empty takes the
+other shares' last chunks. The caller starts at once; a worker that wakes late
+finds its share taken from the end, or gone, and the call returns once every
+claimed chunk is done. So a call takes about the one-thread time when its
+workers are late and less when they come, never the time of a thread waiting
+for a core. Thread k's share is the same part of every loop of the same size:
+a convolution's thread copies the padded input lines its own rows read, and
+writes the output rows that the next layer's same thread reads, from its own
+core's L2 rather than the other core's (claimed in one global order, the rows
+went to whichever thread came first: ResNet-18's 56x56x64 3x3 layer alone,
+hot, two threads: 0.87 ms against 0.79-0.81 with one share per thread).
 
 Each kernel library has its own pool, started at its first parallel call
-(threads - 1 workers; a call asking for fewer uses fewer), its workers asleep
-on a futex between calls; one asleep for ``PF_IDLE_S`` seconds leaves (the
-next call starts another), and a forked child starts workers of its own. One
-call runs at a time per library: a second caller meanwhile runs its loop
-alone. The word is 64 bits: 24 for the call number, 20
-each for the chunk count and the next chunk; a stale worker's compare-and-swap
-can only succeed on the very state of the current call, so a claim is always
-the current call's (its function and context are read after the claim, and
-stay valid until the call's last chunk is done).
+(workers with ids 0 to threads - 2, thread id + 1 of every call they join; a
+call asking for fewer uses fewer), its workers asleep on a futex between
+calls; one asleep for ``PF_IDLE_S`` seconds leaves (the next call starts
+another with its id), and a forked child starts workers of its own. One call
+runs at a time per library: a second caller meanwhile runs its loop alone.
+Each share is a 64-bit word: 24 bits of call number, 20 each for its next and
+its end chunk; a stale worker's compare-and-swap can only succeed on the very
+state of the current call, so a claim is always the current call's (its
+function and context are read after the claim, and stay valid until the
+call's last chunk is done).
 
 ``PARFOR_C`` defines ``static void pf_parfor(int n, int threads, pf_fn fn,
 const void *ctx)``, which runs ``fn(ctx, lo, hi)`` over ``[0, n)`` in chunks;
 a template includes it and calls it instead of an OpenMP loop (and is built
 without ``-fopenmp``).
+
+**One pool per process.** A library opened with ``open_library`` (every plan
+step and every measured kernel) runs its loops on the process's shared pool
+(``shared_pool``: this code built once as a library of its own, handed to the
+kernel library through its exported ``pf_use_pool``), not on one of its own:
+a plan's steps are many libraries, and with a pool each, every step's loop
+woke a worker asleep since its last call. A futex wake takes tens of
+microseconds to get the worker onto its core, during which the caller runs
+the loop alone: ResNet-18 at 224x224 makes about 40 such loops a call (a
+convolution's padded copy, then its rows), and its whole call took 19.7 ms
+where its steps, each timed hot, summed to 15.2. The shared pool's workers
+also spin ``PLANFORGE_POOL_SPIN_US`` microseconds (default 200; 0: sleep at
+once) after a call before they sleep, so that the next step's loop finds them
+awake; a library's own pool (opened otherwise) sleeps at once, as before.
 """
 from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
 
 PARFOR_C = r"""
 #include <pthread.h>
@@ -59,54 +86,72 @@ PARFOR_C = r"""
 #endif                        /* (a search's measuring worker) keeps the threads of the recent ones only */
 #define PF_MAXW 63
 #define PF_CALL(v) ((uint32_t)((v) >> 40))
-#define PF_N(v) ((uint32_t)(((v) >> 20) & 0xFFFFF))
-#define PF_NEXT(v) ((uint32_t)((v) & 0xFFFFF))
+#define PF_LO(v) ((uint32_t)(((v) >> 20) & 0xFFFFF))
+#define PF_HI(v) ((uint32_t)((v) & 0xFFFFF))
 
 typedef void (*pf_fn)(const void *ctx, int lo, int hi);
 
+typedef struct { _Alignas(64) _Atomic uint64_t w; } pf_home;  /* call << 40 | next chunk << 20 | end chunk */
+
 static struct {
-    _Alignas(64) _Atomic uint64_t word;  /* call << 40 | chunks << 20 | next chunk */
+    pf_home home[PF_MAXW + 1];           /* thread k's share of the current call: its chunks [next, end) left */
     _Alignas(64) atomic_int done;        /* chunks of the current call finished */
     _Alignas(64) atomic_uint call;       /* the futex the workers sleep on: calls published */
-    atomic_int sleepers, limit;          /* workers asleep; workers the current call may use */
-    atomic_uint joined;                  /* call << 8 | workers that joined it */
+    atomic_int sleepers, limit, homes;   /* workers asleep; the ids below ``limit`` join the call; its threads */
     pf_fn fn; const void *ctx; int n, chunks;
-    atomic_int workers;
+    _Atomic uint64_t ids;                /* the ids of the running workers (bit i: id i) */
     pthread_mutex_t busy, start;
 } pf_st = { .busy = PTHREAD_MUTEX_INITIALIZER, .start = PTHREAD_MUTEX_INITIALIZER };
 
 static void pf_chunk(int c) {
     long lo = (long)pf_st.n * c / pf_st.chunks, hi = (long)pf_st.n * (c + 1) / pf_st.chunks;
     if (lo < hi) pf_st.fn(pf_st.ctx, (int)lo, (int)hi);
+    atomic_fetch_add_explicit(&pf_st.done, 1, memory_order_release);
 }
 
-/* claim and run chunks of call ``call`` until none is left; returns how many this thread ran */
-static int pf_claim(uint32_t call) {
-    int mine = 0;
-    uint64_t v = atomic_load_explicit(&pf_st.word, memory_order_acquire);
-    while (PF_CALL(v) == call && PF_NEXT(v) < PF_N(v)) {
-        if (atomic_compare_exchange_weak_explicit(&pf_st.word, &v, v + 1, memory_order_acq_rel, memory_order_acquire)) {
-            pf_chunk((int)PF_NEXT(v));
-            mine++;
-            v = atomic_load_explicit(&pf_st.word, memory_order_acquire);
+/* one chunk of call ``call`` from home ``k``: its next (``back`` 0, the owner) or its last (a thief); -1 if none */
+static int pf_take(uint32_t call, int k, int back) {
+    _Atomic uint64_t *w = &pf_st.home[k].w;
+    uint64_t v = atomic_load_explicit(w, memory_order_acquire);
+    while (PF_CALL(v) == call && PF_LO(v) < PF_HI(v))
+        if (atomic_compare_exchange_weak_explicit(w, &v, back ? v - 1 : v + (1ULL << 20), memory_order_acq_rel,
+                                                  memory_order_acquire))
+            return back ? (int)PF_HI(v) - 1 : (int)PF_LO(v);
+    return -1;
+}
+
+/* run chunks of call ``call`` as thread ``me`` of ``homes``: its own share first to last, then the others'
+   from their ends */
+static void pf_claim(uint32_t call, int me, int homes) {
+    int c;
+    while ((c = pf_take(call, me, 0)) >= 0) pf_chunk(c);
+    for (int d = 1; d < homes; d++)
+        while ((c = pf_take(call, (me + d) % homes, 1)) >= 0) pf_chunk(c);
+}
+
+static long pf_spin_ns;  /* how long an idle worker spins before it sleeps (the shared pool's; 0 here) */
+
+/* spin up to pf_spin_ns for the call number to move on from ``seen``: 1 if it did */
+static int pf_spin(unsigned seen) {
+    if (pf_spin_ns <= 0) return 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned k = 1;; k++) {
+        if (atomic_load_explicit(&pf_st.call, memory_order_acquire) != seen) return 1;
+        pf_relax();
+        if (!(k & 63)) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            if ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) > pf_spin_ns) return 0;
         }
     }
-    return mine;
-}
-
-/* a seat in call ``call`` (at most ``limit`` workers take one; a worker late for an earlier call takes none) */
-static int pf_join(unsigned call) {
-    unsigned v = atomic_load(&pf_st.joined);
-    while (v >> 8 == (call & 0xFFFFFF) && (int)(v & 0xFF) < atomic_load(&pf_st.limit))
-        if (atomic_compare_exchange_weak(&pf_st.joined, &v, v + 1)) return 1;
-    return 0;
 }
 
 static void *pf_worker(void *arg) {
-    (void)arg;
+    const int id = (int)(intptr_t)arg;  /* thread id + 1 of every call it joins: the same share each call */
     unsigned seen = atomic_load(&pf_st.call);
     for (;;) {
         unsigned c = atomic_load(&pf_st.call);
+        if (c == seen && pf_spin(seen)) continue;  /* a call came while it spun */
         if (c == seen) {
             struct timespec idle = { PF_IDLE_S, 0 };
             atomic_fetch_add(&pf_st.sleepers, 1);
@@ -115,68 +160,142 @@ static void *pf_worker(void *arg) {
             atomic_fetch_sub(&pf_st.sleepers, 1);
             if (timed_out && atomic_load(&pf_st.call) == seen) {  /* idle that long: leave (a call never waits for it) */
                 pthread_mutex_lock(&pf_st.start);
-                pf_st.workers--;
+                atomic_fetch_and(&pf_st.ids, ~(1ULL << id));
                 pthread_mutex_unlock(&pf_st.start);
                 return NULL;
             }
             continue;
         }
         seen = c;
-        if (pf_join(c)) {
-            int mine = pf_claim(c & 0xFFFFFF);
-            if (mine) atomic_fetch_add_explicit(&pf_st.done, mine, memory_order_release);
-        }
+        /* the limit and thread count read now may be a later call's: then every take fails on the call number */
+        if (id < atomic_load(&pf_st.limit)) pf_claim(c & 0xFFFFFF, id + 1, atomic_load(&pf_st.homes));
     }
     return NULL;
 }
 
 static void pf_child(void) {  /* a forked child has none of the parent's workers: it starts its own */
-    pf_st.workers = 0;
+    atomic_store(&pf_st.ids, 0);
     atomic_store(&pf_st.sleepers, 0);
     pthread_mutex_init(&pf_st.busy, NULL);
     pthread_mutex_init(&pf_st.start, NULL);
 }
 
-static void pf_start(int want) {
+static uint64_t pf_mask(int want) { return want >= 64 ? ~0ULL : (1ULL << want) - 1; }
+
+static void pf_start(int want) {  /* workers with ids [0, want) */
     pthread_mutex_lock(&pf_st.start);
     static int forks_handled;
     if (!forks_handled) forks_handled = pthread_atfork(NULL, NULL, pf_child) == 0;
-    while (pf_st.workers < want && pf_st.workers < PF_MAXW) {
+    for (int id = 0; id < want && id < PF_MAXW; id++) {
+        if (atomic_load(&pf_st.ids) >> id & 1) continue;
         pthread_attr_t attr;
         pthread_t tid;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         pthread_attr_setstacksize(&attr, 1 << 20);
-        int rc = pthread_create(&tid, &attr, pf_worker, NULL);
+        atomic_fetch_or(&pf_st.ids, 1ULL << id);
+        int rc = pthread_create(&tid, &attr, pf_worker, (void *)(intptr_t)id);
         pthread_attr_destroy(&attr);
-        if (rc != 0) break;  /* fewer workers: the caller does their chunks */
-        pf_st.workers++;
+        if (rc != 0) {  /* fewer workers: the others take the missing ones' shares */
+            atomic_fetch_and(&pf_st.ids, ~(1ULL << id));
+            break;
+        }
     }
     pthread_mutex_unlock(&pf_st.start);
 }
 
-static void pf_parfor(int n, int threads, pf_fn fn, const void *ctx) {
+static void pf_own_parfor(int n, int threads, pf_fn fn, const void *ctx) {
+    if (threads > PF_MAXW + 1) threads = PF_MAXW + 1;
     int chunks = threads * PF_CHUNKS < n ? threads * PF_CHUNKS : n;
     if (threads <= 1 || n <= 1 || chunks > 0xFFFFF || pthread_mutex_trylock(&pf_st.busy) != 0) {
         if (n > 0) fn(ctx, 0, n);  /* one thread, or another call of this library in flight: alone */
         return;
     }
-    if (pf_st.workers < threads - 1) pf_start(threads - 1);
+    if ((atomic_load(&pf_st.ids) & pf_mask(threads - 1)) != pf_mask(threads - 1)) pf_start(threads - 1);
     unsigned call = (atomic_load(&pf_st.call) + 1) & 0xFFFFFF;
     pf_st.fn = fn; pf_st.ctx = ctx; pf_st.n = n; pf_st.chunks = chunks;
-    atomic_store(&pf_st.limit, threads - 1 < 255 ? threads - 1 : 255);
-    atomic_store(&pf_st.joined, call << 8);
+    atomic_store(&pf_st.limit, threads - 1);
+    atomic_store(&pf_st.homes, threads);
     atomic_store(&pf_st.done, 0);
-    atomic_store_explicit(&pf_st.word, ((uint64_t)call << 40) | ((uint64_t)chunks << 20), memory_order_release);
+    for (int k = 0; k < threads; k++) {  /* thread k's share: the k-th of threads runs of chunks, in order */
+        uint64_t lo = (uint64_t)chunks * k / threads, hi = (uint64_t)chunks * (k + 1) / threads;
+        atomic_store_explicit(&pf_st.home[k].w, ((uint64_t)call << 40) | (lo << 20) | hi, memory_order_release);
+    }
     atomic_store(&pf_st.call, call);
     if (atomic_load(&pf_st.sleepers) > 0)
         syscall(SYS_futex, &pf_st.call, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-    int mine = pf_claim(call);
-    atomic_fetch_add_explicit(&pf_st.done, mine, memory_order_release);
+    pf_claim(call, 0, threads);
     while (atomic_load_explicit(&pf_st.done, memory_order_acquire) < chunks)
         pf_relax();  /* a worker finishing a chunk it claimed */
     pthread_mutex_unlock(&pf_st.busy);
 }
+
+typedef void (*pf_parfor_t)(int n, int threads, pf_fn fn, const void *ctx);
+static pf_parfor_t pf_shared;  /* the process's pool (``pf_use_pool``), else NULL: this library's own */
+
+__attribute__((visibility("default"))) void pf_use_pool(void *parfor) { pf_shared = (pf_parfor_t)parfor; }
+
+static void pf_parfor(int n, int threads, pf_fn fn, const void *ctx) {
+    if (pf_shared && threads > 1 && n > 1) pf_shared(n, threads, fn, ctx);
+    else pf_own_parfor(n, threads, fn, ctx);
+}
 """
 
-__all__ = ["PARFOR_C"]
+# The shared pool: the same loop, exported, with its idle workers spinning before they sleep.
+_POOL_C = PARFOR_C + r"""
+__attribute__((visibility("default"))) void pf_pool_parfor(int n, int threads, pf_fn fn, const void *ctx) {
+    pf_own_parfor(n, threads, fn, ctx);
+}
+
+__attribute__((visibility("default"))) void pf_pool_spin(long ns) { pf_spin_ns = ns; }
+"""
+
+DEFAULT_SPIN_US = 200
+_lock = threading.Lock()
+_pool: list = []  # [(library, address of its pf_pool_parfor)]: a forked child keeps it (its workers restart)
+
+
+class PoolError(ValueError):
+    """``PLANFORGE_POOL_SPIN_US`` is not a whole number of microseconds >= 0."""
+
+
+def spin_us() -> int:
+    """The shared pool's spin (``PLANFORGE_POOL_SPIN_US``, default ``DEFAULT_SPIN_US``)."""
+    raw = os.environ.get("PLANFORGE_POOL_SPIN_US", "").strip()
+    if not raw:
+        return DEFAULT_SPIN_US
+    try:
+        v = int(raw)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise PoolError(f"PLANFORGE_POOL_SPIN_US={raw!r}: give a whole number of microseconds >= 0 (0: no spin)")
+    return v
+
+
+def shared_pool() -> int:
+    """The address of this process's shared ``pf_pool_parfor`` (built and loaded at the first call)."""
+    with _lock:
+        if not _pool:
+            from ..build import build
+
+            lib = ctypes.CDLL(str(build(_POOL_C).path))
+            lib.pf_pool_spin.argtypes = [ctypes.c_long]
+            lib.pf_pool_spin(spin_us() * 1000)
+            _pool.append((lib, ctypes.cast(lib.pf_pool_parfor, ctypes.c_void_p).value))
+        return _pool[0][1]
+
+
+def open_library(path: str | Path) -> ctypes.CDLL:
+    """``ctypes.CDLL(path)``, its parallel loops (if it has ``pf_use_pool``) put on the process's shared pool."""
+    lib = ctypes.CDLL(str(path))
+    try:
+        use = lib.pf_use_pool
+    except AttributeError:
+        return lib
+    use.argtypes = [ctypes.c_void_p]
+    use(shared_pool())
+    return lib
+
+
+__all__ = ["PARFOR_C", "open_library", "shared_pool", "spin_us", "PoolError"]
