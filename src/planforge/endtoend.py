@@ -133,12 +133,18 @@ def chain(graph, part, task_of: dict[int, str], programs: dict[str, list[dict] |
     for p in part.parts:
         first.setdefault(task_of[p.index], p)
     steps = []
+    # values earlier parts leave in arrays of their own every call: a later part reads them there in place, so
+    # that a part boundary costs no copy (ResNet-18's nine parts copied 0.55 ms of activations a call)
+    produced: dict[str, Any] = {}
     for p in part.parts:
         key = task_of[p.index]
         prog, rep = programs[key], first[key]
         if prog is not None:
             prog = rebind(prog, {**dict(zip(rep.inputs, p.inputs)), **dict(zip(rep.params, p.params))})
-        steps.append((target.plan(p.graph, prog), p.inputs, p.outputs))
+        ins = {g: produced[n] for g, n in zip(p.graph.inputs, p.inputs) if n in produced}  # fed in this order
+        built = target.plan(p.graph, prog, inputs=ins) if ins else target.plan(p.graph, prog)
+        produced.update(zip(p.outputs, getattr(built, "out_views", ())))
+        steps.append((built, p.inputs, p.outputs))
     return ChainPlan(graph, steps)
 
 

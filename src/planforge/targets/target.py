@@ -260,7 +260,11 @@ class Target(Protocol):
 
     def peak_bytes(self, graph: Any, program: list[dict[str, Any]]) -> int: ...
 
-    def plan(self, graph: Any, program: list[dict[str, Any]] | None) -> RunnablePlan: ...
+    def plan(self, graph: Any, program: list[dict[str, Any]] | None,
+             inputs: dict[str, Any] | None = None) -> RunnablePlan:
+        """``inputs``: arrays (by input name) that will hold those inputs whenever the plan runs (an earlier
+        part's ``out_views`` in a chain), which the plan may read in place instead of copying; a target may
+        ignore them (default None)."""
 
 
 class Lookup:
@@ -324,5 +328,6 @@ class Lookup:
     def peak_bytes(self, graph: Any, program: list[dict[str, Any]]) -> int:
         raise self._refuse("plans")
 
-    def plan(self, graph: Any, program: list[dict[str, Any]] | None) -> RunnablePlan:
+    def plan(self, graph: Any, program: list[dict[str, Any]] | None,
+             inputs: dict[str, Any] | None = None) -> RunnablePlan:
         raise self._refuse("runnable plans")

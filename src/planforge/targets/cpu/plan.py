@@ -121,11 +121,22 @@ class Plan:
         program: steps from ``Genome.program`` (children first, root last).
         libs: compiled library path per template step's ``cls``.
         problems: the kernel problem per template step's ``cls``.
+        inputs: arrays that hold some of the graph's inputs (by name) when the plan runs, read in place rather
+            than copied into slots of the plan's own: a chain's earlier part's outputs (``out_views``), valid
+            until that part runs again (default None: every input gets a slot). ``feed`` skips the copy for an
+            input passed as that very array; an array of another shape, dtype or layout gets a slot.
     """
 
-    def __init__(self, graph: Graph, program: list[dict], libs: dict[str, str], problems: dict[str, Any]):
+    def __init__(self, graph: Graph, program: list[dict], libs: dict[str, str], problems: dict[str, Any],
+                 inputs: dict[str, np.ndarray] | None = None):
         self.graph, self.program = graph, program
         by_cls = {s["cls"]: s for s in program}
+        bound = {}  # T.input cls -> the array it reads in place
+        for s in program:
+            a = (inputs or {}).get(s["args"][0]) if s["op"] == "T.input" else None
+            if isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous \
+                    and tuple(a.shape) == tuple(s["shape"]):
+                bound[s["cls"]] = a
         root = program[-1]
         outs = root["inputs"] if root["op"] == "lib2" and root["args"][0] == "pair" else [root["cls"]]
         self.output_classes = self._flatten_pairs(outs, by_cls)
@@ -145,7 +156,8 @@ class Plan:
         slots: dict[str, Slot] = {}
         for i, s in enumerate(program):
             c = s["cls"]
-            if c in const or s["op"].startswith("Layers.") or (s["op"] == "lib2" and s["args"][0] == "pair"):
+            if c in const or c in bound or s["op"].startswith("Layers.") or \
+                    (s["op"] == "lib2" and s["args"][0] == "pair"):
                 continue
             if s["op"] == "lib1" and s["args"][0] == "reshape" and s["inputs"][0] not in const:
                 alias[c] = alias.get(s["inputs"][0], s["inputs"][0])
@@ -163,11 +175,11 @@ class Plan:
                 slots[base].last = end
         for name in graph.inputs:  # inputs live from the start
             for s in program:
-                if s["op"] == "T.input" and s["args"][0] == name:
+                if s["op"] == "T.input" and s["args"][0] == name and s["cls"] in slots:
                     slots[s["cls"]].first = -1
         self.arena_floats = plan_arena(list(slots.values()))
         self.arena = np.zeros(self.arena_floats + ALIGN, np.float32)
-        views: dict[str, np.ndarray] = {}
+        views: dict[str, np.ndarray] = dict(bound)
         for c, sl in slots.items():
             shape = tuple(by_cls[c]["shape"])
             views[c] = self.arena[sl.offset: sl.offset + math.prod(shape)].reshape(shape)
@@ -276,10 +288,17 @@ class Plan:
             f()
         return [o.copy() for o in self._out]
 
+    @property
+    def out_views(self) -> list[np.ndarray]:
+        """The arrays ``feed`` returns, the same every call (valid until the plan runs again): a later part's
+        ``inputs``."""
+        return self._out
+
     def feed(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        """``run_on`` returning the output views themselves (valid until the plan runs again): for chaining."""
+        """``run_on`` returning the output views themselves (valid until the plan runs again): for chaining. An
+        input that is the very array the plan reads it from (``inputs``) is not copied."""
         for (_, view), x in zip(self._in, inputs):
-            if view is not None:
+            if view is not None and view is not x:
                 view[...] = x
         for f in self.steps:
             f()

@@ -241,10 +241,10 @@ class CudaTarget:
 
         return peak_bytes_of(graph, program)
 
-    def plan(self, graph, program: list[dict[str, Any]] | None):
+    def plan(self, graph, program: list[dict[str, Any]] | None, inputs: dict[str, Any] | None = None):
         """``program`` (a spec's steps) lowered to Triton templates and torch steps on this GPU and bound to
         ``graph``'s weights; None: the torch-eager baseline. ``TargetError`` names the first step that does
-        not bind."""
+        not bind. ``inputs`` (a chain's earlier outputs) are ignored: the plan copies its inputs."""
         self._need_gpu("run a plan")
         from ..cpu.plan import PlanError
         from .plan import CudaPlan, TorchPlan
