@@ -174,6 +174,7 @@ def test_steps_sharing_one_scratch_buffer_stay_correct(profile):
     (dict(kernel=(2, 3), stride=(1, 3), pads=(0, 1, 1, 0)), (2, 3, 7, 10)),      # asymmetric padding
     (dict(kernel=(3, 3), stride=(2, 2), dilation=(2, 2), pads=(2, 2, 2, 2)), (1, 17, 9, 9)),
     (dict(kernel=(3, 3), stride=(2, 2), ceil_mode=True), (1, 4, 8, 8)),          # windows past the input
+    (dict(kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1)), (2, 37, 59, 61)),    # past PAR_WORK: split over threads
 ])
 def test_compiled_max_pool_matches_the_reference(nhwc, at, shape):
     """The CPU target's plans run the max pool library steps as one compiled pass (templates/maxpool.py): exact

@@ -5,27 +5,34 @@ over the output for ResNet's 3x3 stem pool: 0.43-0.52 ms in a chain against ONNX
 each output's window straight from the input, clipped to the rows and columns that exist (padding is -inf for a
 maximum, so clipping is the same; a window wholly in the padding gives -inf as the reference does), and
 propagates NaN as ``np.maximum`` does. One source for every geometry (the geometry is the call's arguments),
-built once per machine; NHWC runs its inner loop over the channels, NCHW over the output columns.
+built once per machine; NHWC runs its inner loop over the channels, NCHW over the output columns. A pool with
+at least ``PAR_WORK`` window taps per extra thread splits its output rows (NHWC) or planes (NCHW) over up to
+every CPU the process may use, on the process's shared pool (``parfor``): ResNet-18's stem pool (112x112x64 in,
+3x3 stride 2) took 0.36 ms on one thread inside a whole call, against ONNX Runtime's 0.10 on two.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Callable
 
 import numpy as np
 
 from .common import struct_call
+from .parfor import PARFOR_C, open_library
 
-_FIELDS = ("N", "C", "H", "W", "OH", "OW", "KH", "KW", "SH", "SW", "PT", "PL", "DH", "DW", "nhwc")
+_FIELDS = ("N", "C", "H", "W", "OH", "OW", "KH", "KW", "SH", "SW", "PT", "PL", "DH", "DW", "nhwc", "threads")
+PAR_WORK = 1 << 18  # window taps (outputs x taps) per thread below which a pool stays on fewer threads
 
 
 class PoolArgs(ctypes.Structure):
     _fields_ = [("x", ctypes.c_void_p), ("y", ctypes.c_void_p)] + [(n, ctypes.c_int) for n in _FIELDS]
 
 
-SOURCE = r"""
+SOURCE = PARFOR_C + r"""
 #include <math.h>
-typedef struct { const float *x; float *y; int N, C, H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW, nhwc; } pool_args;
+typedef struct { const float *x; float *y; int N, C, H, W, OH, OW, KH, KW, SH, SW, PT, PL, DH, DW, nhwc, threads; }
+    pool_args;
 
 /* the taps of a window that lie inside 0..n-1: first and end (exclusive) tap indices */
 static void span(int o, int s, int p, int d, int k, int n, int *k0, int *k1) {
@@ -37,15 +44,17 @@ static void span(int o, int s, int p, int d, int k, int n, int *k0, int *k1) {
 
 #define MAXNAN(m, v) (((v) > (m)) | ((v) != (v)) ? (v) : (m))  /* | , not ||: a select, vectorised */
 
-void pf_maxpool(const pool_args *a) {
+static void nhwc_rows(const void *ctx, int lo, int hi) {  /* output rows [lo, hi) of N x OH, on any thread */
+    const pool_args *a = (const pool_args *)ctx;
     const int C = a->C, H = a->H, W = a->W, OH = a->OH, OW = a->OW;
-    int ws0[OW > 0 ? OW : 1], ws1[OW > 0 ? OW : 1];  /* each output column's taps inside the row (NHWC) */
+    int ws0[OW > 0 ? OW : 1], ws1[OW > 0 ? OW : 1];  /* each output column's taps inside the row */
     for (int ow = 0; ow < OW; ow++) span(ow, a->SW, a->PL, a->DW, a->KW, W, &ws0[ow], &ws1[ow]);
-    for (int n = 0; n < a->N; n++) {
-        if (a->nhwc) {
+    for (int i = lo; i < hi; i++) {
+        const int n = i / OH, oh = i % OH;
+        {
             const float *x = a->x + (long)n * H * W * C;
             float *y = a->y + (long)n * OH * OW * C;
-            for (int oh = 0; oh < OH; oh++) {
+            {
                 int h0, h1; span(oh, a->SH, a->PT, a->DH, a->KH, H, &h0, &h1);
                 for (int ow = 0; ow < OW; ow++) {
                     int w0 = ws0[ow], w1 = ws1[ow];
@@ -59,10 +68,19 @@ void pf_maxpool(const pool_args *a) {
                         }
                 }
             }
-        } else {  /* separable: the window's rows reduced into one row (vectorised over the columns), then its
-                     columns, one tap at a time; the maximum as a select (a branch per tap mispredicts on random data) */
-            float t[W > 0 ? W : 1];
-            for (int c = 0; c < C; c++) {
+        }
+    }
+}
+
+/* separable: the window's rows reduced into one row (vectorised over the columns), then its columns, one tap at
+   a time; the maximum as a select (a branch per tap mispredicts on random data). Planes [lo, hi) of N x C */
+static void nchw_planes(const void *ctx, int lo, int hi) {
+    const pool_args *a = (const pool_args *)ctx;
+    const int C = a->C, H = a->H, W = a->W, OH = a->OH, OW = a->OW;
+    float t[W > 0 ? W : 1];
+    for (int i = lo; i < hi; i++) {
+        const int n = i / C, c = i % C;
+            {
                 const float *x = a->x + ((long)n * C + c) * H * W;
                 float *y = a->y + ((long)n * C + c) * OH * OW;
                 for (int oh = 0; oh < OH; oh++) {
@@ -76,15 +94,19 @@ void pf_maxpool(const pool_args *a) {
                     for (int ow = 0; ow < OW; ow++) out[ow] = -INFINITY;
                     for (int kw = 0; kw < a->KW; kw++) {  /* one tap over every column it lies in: vectorised */
                         const int off = kw * a->DW - a->PL, sw = a->SW;
-                        int lo = 0, hi = OW;
-                        while (lo < OW && lo * sw + off < 0) lo++;
-                        while (hi > lo && (hi - 1) * sw + off >= W) hi--;
-                        for (int ow = lo; ow < hi; ow++) out[ow] = MAXNAN(out[ow], t[ow * sw + off]);
+                        int o0 = 0, o1 = OW;
+                        while (o0 < OW && o0 * sw + off < 0) o0++;
+                        while (o1 > o0 && (o1 - 1) * sw + off >= W) o1--;
+                        for (int ow = o0; ow < o1; ow++) out[ow] = MAXNAN(out[ow], t[ow * sw + off]);
                     }
                 }
             }
-        }
     }
+}
+
+void pf_maxpool(const pool_args *a) {
+    if (a->nhwc) pf_parfor(a->N * a->OH, a->threads, nhwc_rows, a);
+    else pf_parfor(a->N * a->C, a->threads, nchw_planes, a);
 }
 """
 
@@ -95,7 +117,7 @@ def _library() -> ctypes.CDLL:
     if not _lib:
         from ..build import build
 
-        _lib.append(ctypes.CDLL(str(build(SOURCE).path)))
+        _lib.append(open_library(build(SOURCE).path))
     return _lib[0]
 
 
@@ -118,5 +140,7 @@ def bind(x: np.ndarray, out: np.ndarray, geom: tuple[int, ...], nhwc: bool) -> C
     else:
         n, c, h, w = x.shape
         oh, ow = out.shape[2], out.shape[3]
-    args = PoolArgs(x.ctypes.data, out.ctypes.data, n, c, h, w, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw, int(nhwc))
+    threads = max(1, min(len(os.sched_getaffinity(0)), out.size * kh * kw // PAR_WORK))
+    args = PoolArgs(x.ctypes.data, out.ctypes.data, n, c, h, w, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw, int(nhwc),
+                    threads)
     return struct_call(lib.pf_maxpool, args, (x, out))
