@@ -296,14 +296,6 @@ def test_a_tiny_resnet_tuned_at_a_tiny_budget_runs_correctly(tmp_path, profile):
     want = m(x).detach().numpy()
     (got,) = res.plan(x.numpy())
     assert np.abs(got - want).max() < 1e-4 * (1 + np.abs(want).max())
-    # each part reads what the part before it produced in place: the very array, not a copy of it
-    chain = res.plan.plan
-    for (p, _, _), (q, _, _) in zip(chain.parts, chain.parts[1:]):
-        assert q._in[0][1] is p.out_views[0]
-    x2 = torch.randn(1, 3, 16, 16)  # and a second call on other values is right too (nothing stale between parts)
-    want2 = m(x2).detach().numpy()
-    assert np.abs(res.plan(x2.numpy())[0] - want2).max() < 1e-4 * (1 + np.abs(want2).max())
-    assert np.abs(res.plan(x.numpy())[0] - want).max() < 1e-4 * (1 + np.abs(want).max())
     plan = res.spec["tasks"]["graph"]["plan"]
     assert any(v.startswith("tmpl") and "conv" in v for v in plan.values())   # a compiled convolution runs
     # the same model through ONNX imports to the same computation
