@@ -229,3 +229,25 @@ def test_rows_go_outermost_only_while_the_weights_fit_half_the_l2(profile):
     assert deep_o == {1}
     assert one_row_o == shallow_o == {0, 1}
     assert default_knobs(deep, lim)["order"] == 1
+
+
+def test_packed_buffers_and_scratch_start_on_a_cache_line(profile):
+    """numpy's large arrays start 16 bytes past a line; a convolution's packed weights, scale, shift and padded
+    scratch must not (a 64-byte vector load or store from there spans two lines), nor any ``aligned_zeros``."""
+    from planforge.targets.cpu.build import build
+    from planforge.targets.cpu.templates.parfor import open_library
+    from planforge.targets.cpu.templates.scratch import aligned_zeros
+
+    for shape, dt in (((1000,), np.float32), ((3, 300001), np.float32), ((7,), np.int8), ((5, 9, 16), np.float64)):
+        a = aligned_zeros(shape, dt)
+        assert a.ctypes.data % 64 == 0 and a.shape == shape and a.dtype == dt and not a.any()
+        assert a.flags.c_contiguous and a.flags.writeable
+    p = Problem("conv", dims(1, 64, 20, 20, 96, 3, 1, 1), "nhwc/wb/relu")
+    t = TEMPLATES["conv"]
+    knobs = default_knobs(p, limits(profile))
+    lib = open_library(build(t.source(p, knobs)).path)
+    inp = make_inputs(p)
+    out = np.zeros(output_shape(p), np.float32)
+    run = t.bind(lib, p, knobs, t.canonical(p, inp) if hasattr(t, "canonical") else inp, out)
+    a = run.scratch.args
+    assert all(getattr(a, f) % 64 == 0 for f in ("w", "scale", "shift", "xp")), [getattr(a, f) % 64 for f in "w"]

@@ -21,7 +21,7 @@ from ...ops import LIBRARIES, REGISTRY
 from ...ops.pool import geometry as pool_geometry
 from .templates import TEMPLATES, maxpool
 from .templates.parfor import open_library
-from .templates.scratch import share
+from .templates.scratch import aligned_zeros, share
 
 ALIGN = 16  # floats: 64-byte aligned slots
 U32 = 2.0**-24
@@ -178,7 +178,7 @@ class Plan:
                 if s["op"] == "T.input" and s["args"][0] == name and s["cls"] in slots:
                     slots[s["cls"]].first = -1
         self.arena_floats = plan_arena(list(slots.values()))
-        self.arena = np.zeros(self.arena_floats + ALIGN, np.float32)
+        self.arena = aligned_zeros(self.arena_floats + ALIGN)  # its slots' offsets are whole lines too
         views: dict[str, np.ndarray] = dict(bound)
         for c, sl in slots.items():
             shape = tuple(by_cls[c]["shape"])

@@ -38,7 +38,7 @@ from .common import header, struct_call
 from .epilogues import U32
 from .facts import Facts
 from .parfor import PARFOR_C
-from .scratch import Scratch
+from .scratch import Scratch, aligned_zeros
 
 
 # floats past the end of every packed buffer: a tile's last vectors may read (never use) up to 4 x 16 beyond
@@ -476,15 +476,15 @@ def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
     shift = np.asarray(inputs["shift"], np.float32).reshape(O)
     if p.op == "dwconv":
         cp = -(-C // V) * V
-        wp = np.zeros(KH * KW * cp + SLACK, np.float32)
+        wp = aligned_zeros(KH * KW * cp + SLACK)
         wp[:KH * KW * cp].reshape(KH, KW, cp)[:, :, :C] = np.transpose(w[:, 0], (1, 2, 0))
-        sc, sh = (np.zeros(cp + SLACK, np.float32) for _ in range(2))
+        sc, sh = (aligned_zeros(cp + SLACK) for _ in range(2))
         sc[:C], sh[:C] = scale, shift
     else:  # [G][Og in blocks of ob vectors][Cg in blocks of cb][KH][KW][cb][ob * V]: in the order the tiles read it
         cp, ogp, obw = C, -(-Og // V) * V, _obv(knobs) * V
         nb = -(-Og // obw)
         n = G * nb * KH * KW * Cg * obw
-        wp = np.zeros(n + SLACK, np.float32)
+        wp = aligned_zeros(n + SLACK)
         wg = np.zeros((G, nb * obw, Cg, KH, KW), np.float32)
         wg[:, :Og] = w.reshape(G, Og, Cg, KH, KW)
         blocks = wp[:n].reshape(G, nb, Cg * KH * KW * obw)
@@ -493,7 +493,7 @@ def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
             c1 = min(Cg, c0 + cb)
             blocks[:, :, c0 * KH * KW * obw: c1 * KH * KW * obw] = np.transpose(
                 wg[:, :, c0:c1].reshape(G, nb, obw, c1 - c0, KH, KW), (0, 1, 4, 5, 3, 2)).reshape(G, nb, -1)
-        sc, sh = (np.zeros(G * ogp + SLACK, np.float32) for _ in range(2))
+        sc, sh = (aligned_zeros(G * ogp + SLACK) for _ in range(2))
         for k in range(G):
             sc[k * ogp: k * ogp + Og] = scale[k * Og:(k + 1) * Og]
             sh[k * ogp: k * ogp + Og] = shift[k * Og:(k + 1) * Og]

@@ -28,6 +28,7 @@ from ....space import Space, categorical, pow2
 from . import qgemm
 from .common import epi_code, header, struct_call
 from .parfor import PARFOR_C
+from .scratch import aligned_zeros
 from .epilogues import apply_chain, chain_flops, dense_tolerance, numpy_dense, torch_dense
 from .facts import Facts
 
@@ -288,7 +289,7 @@ void pf_gemm(const gemm_args *g) {{
 def panels(B: np.ndarray, nr: int) -> np.ndarray:
     """B [K, N] as the micro-kernel reads packed panels: ceil(N / nr) panels of [K, nr], the last padded with zeros."""
     K, N = B.shape
-    P = np.zeros((-(-N // nr), K, nr), np.float32)
+    P = aligned_zeros((-(-N // nr), K, nr))
     for q in range(P.shape[0]):
         w = min(nr, N - q * nr)
         P[q, :, :w] = B[:, q * nr: q * nr + w]

@@ -20,6 +20,7 @@ import numpy as np
 from ....space import Space, categorical
 from .common import epi_code, header, struct_call
 from .parfor import PARFOR_C
+from .scratch import aligned_zeros
 from .epilogues import apply_chain, chain_flops, dense_tolerance, numpy_dense, torch_dense
 from .facts import Facts
 
@@ -136,7 +137,9 @@ def pack_weights(W: np.ndarray, knobs: dict[str, Any]) -> np.ndarray:
     nblk = N // jbv
     panels = W[:, : nblk * jbv].reshape(K, nblk, jbv).transpose(1, 0, 2).ravel()
     tail = W[:, nblk * jbv:].ravel()
-    return np.ascontiguousarray(np.concatenate([panels, tail]), dtype=np.float32)
+    out = aligned_zeros(panels.size + tail.size)
+    out[: panels.size], out[panels.size:] = panels, tail
+    return out
 
 
 def bind(lib: ctypes.CDLL, knobs: dict[str, Any], x, W, bias, y):

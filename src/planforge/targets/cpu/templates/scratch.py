@@ -16,6 +16,18 @@ import numpy as np
 ALIGN = 16  # floats: every region starts 64-byte aligned
 
 
+def aligned_zeros(shape, dtype=np.float32, align: int = 64) -> np.ndarray:
+    """``np.zeros(shape, dtype)`` starting at an address that is a multiple of ``align`` bytes (default 64, a
+    cache line and an AVX-512 vector). numpy's own large arrays start 16 bytes past one, so that every 64-byte
+    vector load of a packed weight panel, and every store into an arena slot, spanned two lines (a convolution's
+    weights 16 bytes off: 4% slower alone)."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    raw = np.zeros(n * dt.itemsize + align, np.uint8)
+    off = -raw.ctypes.data % align
+    return raw[off: off + n * dt.itemsize].view(dt).reshape(shape)
+
+
 def _round(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
@@ -27,7 +39,7 @@ class Scratch:
     def __init__(self, args: ctypes.Structure, fields: dict[str, int], shareable: bool = True):
         self.args, self.fields, self.shareable = args, dict(fields), shareable
         self.buffer: np.ndarray | None = None
-        self.point(np.zeros(max(self.floats, 1), np.float32))
+        self.point(aligned_zeros(max(self.floats, 1)))
 
     @property
     def floats(self) -> int:
@@ -57,7 +69,7 @@ def share(steps: Iterable) -> np.ndarray | None:
     scratches = [s for s in (getattr(f, "scratch", None) for f in steps) if s is not None and s.shareable]
     if not scratches:
         return None
-    buf = np.zeros(max(s.floats for s in scratches), np.float32)
+    buf = aligned_zeros(max(s.floats for s in scratches))
     for s in scratches:
         s.point(buf)
     return buf
