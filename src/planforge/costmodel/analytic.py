@@ -499,7 +499,8 @@ def _conv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     ch_tiles = _ceil(C, lanes) if dw else G * _ceil(Og, lanes)
     col_tiles = _ceil(OW, owb)
     per_tap = 1 if dw else Cg                      # products per kernel tap and output lane
-    row_flops = 2.0 * ch_tiles * col_tiles * owb * lanes * per_tap * KH * KW
+    cols = col_tiles * owb if dw else np.full(n, OW)  # the direct template's tail tile computes no column past OW
+    row_flops = 2.0 * ch_tiles * cols * lanes * per_tap * KH * KW
     flops = row_flops * rows_t
     compute_lb = m.useful / np.maximum(1, active) / c.rate_bound(vec)
     # FMA chains in flight, and the loads each FMA needs (two loads and two FMAs per cycle on current cores)

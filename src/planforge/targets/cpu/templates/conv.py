@@ -14,7 +14,10 @@ registers; the input channels run in blocks of ``cb`` (a block's weights stay in
 tiles reuse them; partial sums wait in a per-thread row buffer between blocks); the channel loop is
 unrolled by ``unroll``; rows are split over ``threads`` (``order`` 0), or, with ``order`` 1, blocks of ``ob``
 vectors of output channels go outermost (split over ``threads``), each running every row, so that a block's
-weights come from memory once rather than once per row (deep layers, whose weights outgrow the L2).
+weights come from memory once rather than once per row (deep layers, whose weights outgrow the L2); ``order`` 2
+also puts the blocks of ``cb`` input channels outside the rows (every row's partial sums wait in a plane buffer),
+so that each piece of a block's weights is used by every row as soon as it arrives. A row ends with a tail tile
+of the ``OW % owb`` columns left, so that no column past the row is computed.
 ``dwconv``: tiles of ``owb`` columns x ``cbv`` vectors of channels. Both apply the per-channel scale and shift
 (bias, or a batch norm), then the epilogue chain (activations from the op registry's snippets, a residual
 add) in registers.
@@ -93,7 +96,7 @@ def space(p, lim) -> Space:
         return Space([*common, categorical("cbv", (1, 2, 3, 4))],
                      [*shared, "owb * cbv + 2 * cbv + 1 <= vregs", "cbv * vec <= max(vec, c + vec - 1)"],
                      constants=consts)
-    return Space([*common, categorical("ob", (1, 2, 3, 4)), pow2("cb", 8, 1024), categorical("order", (0, 1)),
+    return Space([*common, categorical("ob", (1, 2, 3, 4)), pow2("cb", 8, 1024), categorical("order", (0, 1, 2)),
                   categorical("pf", (0, 1024, 4096))],
                  [*shared,
                   # channel blocks outermost: no more threads than blocks of ob * vec output channels
@@ -102,7 +105,10 @@ def space(p, lim) -> Space:
                   # that each row reads them from the L3 again. ResNet-18's 256-channel 3x3 at 6x6 (2.4 MB of weights),
                   # two threads, in one process: 0.58 ms channel blocks outermost against 0.68 rows outermost hot, 0.55
                   # against 0.69 with the L2 swept before each call; its tuned plan had picked rows outermost twice
-                  "order == 1 or 2 * wbytes <= l2_bytes or rows == 1",
+                  "order != 0 or 2 * wbytes <= l2_bytes or rows == 1",
+                  # input-channel blocks outside the rows: more than one block, and every row's partial sums (the
+                  # plane buffer) in half the L2
+                  "order != 2 or (cb < cg and rows > 1 and rows * (ow + owb + 1) * (o + 5 * vec) * 8 <= l2_bytes)",
                   # accumulators + weight vectors + one broadcast input in the register file
                   "owb * ob + ob + 1 <= vregs",
                   # no vector block wider than a group's output channels call for
@@ -263,40 +269,34 @@ def _store(acc: str, y: str, ch: str, lanes: str, vec_ops: str, sc_ops: str) -> 
     }}"""
 
 
-def _tile_conv(ob: int, owb: int, unroll: int, vec_ops: str, sc_ops: str, pf: int = 0, vec: int = 16) -> str:
+def _tile_conv(ob: int, owb: int, unroll: int, vec_ops: str, sc_ops: str, pf: int = 0, vec: int = 16,
+               ow: int | None = None) -> str:
+    """The direct template's row: tiles of ``owb`` columns, then (``ow`` given and not a multiple of ``owb``) one
+    tail tile of the ``ow % owb`` columns left, so that no column past the row is computed (7x7 maps at owb 4
+    computed 8 columns a row, 14x14 at owb 6 18)."""
     acc = "\n".join("        " + " ".join(f"vf a{i}_{j};" for j in range(ob)) for i in range(owb))
-    init = "\n".join(f"            a{i}_{j} = first ? vset(0.0f) : vload(part + (long)(ow0 + {i}) * GOP + gch + {j} * V);"
-                     for i in range(owb) for j in range(ob))
-    body = []
-    for j in range(ob):
-        body.append(f"vf w{j} = vload(wk + (long)(c - c0) * OBW + {j} * V);")
-    # the weight stream fetched ``pf`` floats ahead, a line (16 floats) per prefetch: a deep layer's first row reads
-    # its weights from memory, faster than the hardware prefetcher brings them
-    body += [f"__builtin_prefetch(wk + (long)(c - c0) * OBW + {pf + j * 16});" for j in range(-(-ob * vec // 16))
-             if pf]
-    for i in range(owb):
-        body.append(f"{{ vf xv = xk[(long){i} * SW * CP + c] - (vf){{0}}; " +
-                    " ".join(f"a{i}_{j} = xv * w{j} + a{i}_{j};" for j in range(ob)) + " }")
-    keep = "\n".join(f"                vstore(part + (long)(ow0 + {i}) * GOP + gch + {j} * V, a{i}_{j});"
-                     for i in range(owb) for j in range(ob))
-    stores = "\n".join(
-        f"                if (ow0 + {i} < OW) " +
-        _store(f"a{i}_{j}", f"(((long)n * OH + oh) * OW + ow0 + {i}) * O + g * Og + o0 + {j} * V",
-               f"g * OGP + o0 + {j} * V", f"Og - o0 - {j} * V", vec_ops, sc_ops)
-        for i in range(owb) for j in range(ob))
-    return f"""
-/* one output row: tiles of OWB columns x OB channel vectors, input channels in blocks of cb */
-static void row(const float *xp, const float *w, const float *scale, const float *shift, const float *R, float *Y,
-                float *part, int n, int oh, int cb, int g_lo, int g_hi, int o_lo, int o_hi) {{
-    const int GOP = G * OGP + {ob} * V;  /* a column's partial sums, with room for the last block's overhang */
-{acc}
-    for (int c0 = 0; c0 < Cg; c0 += cb) {{
-        int c1 = c0 + cb < Cg ? c0 + cb : Cg, first = c0 == 0, last = c1 >= Cg;
-        for (int g = g_lo; g < g_hi; g++)
-        for (int o0 = o_lo; o0 < (o_hi < Og ? o_hi : Og); o0 += {ob} * V) {{
-            int gch = g * OGP + o0;
-            for (int ow0 = 0; ow0 < OW; ow0 += OWB) {{
-{init}
+
+    def tile(nw: int) -> str:  # the body of one tile of ``nw`` columns at ``ow0``
+        init = "\n".join(f"            a{i}_{j} = first ? vset(0.0f) : vload(part + (long)(ow0 + {i}) * GOP + gch + {j} * V);"
+                         for i in range(nw) for j in range(ob))
+        body = []
+        for j in range(ob):
+            body.append(f"vf w{j} = vload(wk + (long)(c - c0) * OBW + {j} * V);")
+        # the weight stream fetched ``pf`` floats ahead, a line (16 floats) per prefetch: a deep layer's first row
+        # reads its weights from memory, faster than the hardware prefetcher brings them
+        body += [f"__builtin_prefetch(wk + (long)(c - c0) * OBW + {pf + j * 16});" for j in range(-(-ob * vec // 16))
+                 if pf]
+        for i in range(nw):
+            body.append(f"{{ vf xv = xk[(long){i} * SW * CP + c] - (vf){{0}}; " +
+                        " ".join(f"a{i}_{j} = xv * w{j} + a{i}_{j};" for j in range(ob)) + " }")
+        keep = "\n".join(f"                vstore(part + (long)(ow0 + {i}) * GOP + gch + {j} * V, a{i}_{j});"
+                         for i in range(nw) for j in range(ob))
+        stores = "\n".join(
+            f"                if (ow0 + {i} < OW) " +
+            _store(f"a{i}_{j}", f"(((long)n * OH + oh) * OW + ow0 + {i}) * O + g * Og + o0 + {j} * V",
+                   f"g * OGP + o0 + {j} * V", f"Og - o0 - {j} * V", vec_ops, sc_ops)
+            for i in range(nw) for j in range(ob))
+        return f"""{init}
                 for (int kh = 0; kh < KH; kh++) {{
                     const float *xr = xp + (((long)n * HP + (long)oh * SH + kh * DH) * WP + (long)ow0 * SW) * CP + g * Cg;
                     for (int kw = 0; kw < KW; kw++) {{
@@ -311,10 +311,32 @@ static void row(const float *xp, const float *w, const float *scale, const float
                 }}
                 if (!last) {{
 {keep}
-                    continue;
-                }}
+                }} else {{
 {stores}
-            }}
+                }}"""
+
+    tail = ow % owb if ow else 0
+    main = ow - tail if ow else None
+    tail_c = f"""
+            if ({main} < OW) {{  /* the tail tile: the {tail} columns left */
+                const int ow0 = {main};
+{tile(tail)}
+            }}""" if tail else ""
+    return f"""
+/* one output row: tiles of OWB columns x OB channel vectors{" and a tail tile" if tail else ""}, input channels in
+   blocks of cb */
+static void row(const float *xp, const float *w, const float *scale, const float *shift, const float *R, float *Y,
+                float *part, int n, int oh, int cb, int g_lo, int g_hi, int o_lo, int o_hi, int c_lo, int c_hi) {{
+    const int GOP = G * OGP + {ob} * V;  /* a column's partial sums, with room for the last block's overhang */
+{acc}
+    for (int c0 = c_lo; c0 < c_hi; c0 += cb) {{
+        int c1 = c0 + cb < Cg ? c0 + cb : Cg, first = c0 == 0, last = c1 >= Cg;
+        for (int g = g_lo; g < g_hi; g++)
+        for (int o0 = o_lo; o0 < (o_hi < Og ? o_hi : Og); o0 += {ob} * V) {{
+            int gch = g * OGP + o0;
+            for (int ow0 = 0; ow0 < {main if tail else "OW"}; ow0 += OWB) {{
+{tile(owb)}
+            }}{tail_c}
         }}
     }}
 }}
@@ -337,8 +359,8 @@ def _tile_dw(cbv: int, owb: int, unroll: int, vec_ops: str, sc_ops: str) -> str:
     return f"""
 /* one output row of a depthwise convolution: tiles of OWB columns x CBV channel vectors */
 static void row(const float *xp, const float *w, const float *scale, const float *shift, const float *R, float *Y,
-                float *part, int n, int oh, int cb, int g_lo, int g_hi, int o_lo, int o_hi) {{
-    (void)part; (void)cb; (void)g_lo; (void)g_hi; (void)o_lo; (void)o_hi;
+                float *part, int n, int oh, int cb, int g_lo, int g_hi, int o_lo, int o_hi, int c_lo, int c_hi) {{
+    (void)part; (void)cb; (void)g_lo; (void)g_hi; (void)o_lo; (void)o_hi; (void)c_lo; (void)c_hi;
     for (int c0 = 0; c0 < C; c0 += {cbv} * V) {{
         for (int ow0 = 0; ow0 < OW; ow0 += OWB) {{
 {decl}
@@ -373,7 +395,7 @@ static void conv_rows(const void *c, int lo, int hi) {  /* output rows [lo, hi) 
     const conv_args *a = x->a;
     float *part = PART ? scratch(&buf_part, &cap_part, PART_FLOATS) : NULL;
     for (int i = lo; i < hi; i++)
-        row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, i / OH, i % OH, a->cb, 0, G, 0, Og);
+        row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, i / OH, i % OH, a->cb, 0, G, 0, Og, 0, Cg);
 }
 
 static void conv_blocks(const void *c, int lo, int hi) {  /* (group, channel block)s [lo, hi), on any thread */
@@ -384,7 +406,27 @@ static void conv_blocks(const void *c, int lo, int hi) {  /* (group, channel blo
         const int g = i / NB, b = i % NB;
         for (int n = 0; n < N; n++)
             for (int oh = 0; oh < OH; oh++)
-                row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, n, oh, a->cb, g, g + 1, b * OBW, (b + 1) * OBW);
+                row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, n, oh, a->cb, g, g + 1, b * OBW, (b + 1) * OBW,
+                    0, Cg);
+    }
+}
+
+/* (group, channel block)s [lo, hi) with the input channels outermost in each: every row's partial sums wait in a
+   plane buffer while one block of cb input channels runs over all the rows, so that each piece of the block's
+   weights comes from memory once and is used at once by every row (``order`` 1 reads a block's whole weights
+   from memory in its first row and from the L2 in the others) */
+#define PLANE_ROW ((size_t)(OWP + OWB + 1) * (G * OGP + 4 * V))
+static void conv_planes(const void *c, int lo, int hi) {
+    const conv_ctx *x = (const conv_ctx *)c;
+    const conv_args *a = x->a;
+    float *part = scratch(&buf_part, &cap_part, (size_t)N * OH * PLANE_ROW + SLACK);
+    for (int i = lo; i < hi; i++) {
+        const int g = i / NB, b = i % NB;
+        for (int c0 = 0; c0 < Cg; c0 += a->cb)
+            for (int n = 0; n < N; n++)
+                for (int oh = 0; oh < OH; oh++)
+                    row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part + ((size_t)n * OH + oh) * PLANE_ROW, n, oh,
+                        a->cb, g, g + 1, b * OBW, (b + 1) * OBW, c0, c0 + a->cb < Cg ? c0 + a->cb : Cg);
     }
 }
 
@@ -400,7 +442,7 @@ static void conv_rows_in_order(const conv_ctx *x) {
     for (int i = 0; i < N * OH; i++) {
         const int n = i / OH, oh = i % OH, need = n * HP + oh * SH + (KH - 1) * DH + 1;
         if (need > done) { copy_lines(&cc, done, need); done = need; }
-        row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, n, oh, a->cb, 0, G, 0, Og);
+        row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, n, oh, a->cb, 0, G, 0, Og, 0, Cg);
     }
 }
 
@@ -416,8 +458,10 @@ void pf_conv(const conv_args *a) {
         conv_rows_in_order(&c);
     else if (a->order == 0)  /* rows outermost: each row reads every weight block */
         pf_parfor(N * OH, a->threads, conv_rows, &c);
-    else  /* output-channel blocks outermost: a block's weights are read from memory once, then from cache */
+    else if (a->order == 1)  /* output-channel blocks outermost: a block's weights from memory once, then cache */
         pf_parfor(G * NB, a->threads, conv_blocks, &c);
+    else  /* output-channel blocks, then input-channel blocks, outermost */
+        pf_parfor(G * NB, a->threads, conv_planes, &c);
     if (NCHW) to_nchw(a->yt, a->y, O, OH * OW, a->threads);
 }
 """
@@ -430,7 +474,7 @@ def source(p, knobs: dict[str, Any]) -> str:
         tile = _tile_dw(knobs["cbv"], knobs["owb"], knobs["unroll"], vec_ops, sc_ops)
     else:
         tile = _tile_conv(knobs["ob"], knobs["owb"], knobs["unroll"], vec_ops, sc_ops, knobs.get("pf", 0),
-                          knobs["vec"])
+                          knobs["vec"], geometry(p)["OW"])
     part = int(p.op == "conv" and knobs.get("cb", 1 << 30) < geometry(p)["Cg"])
     return _defs(p, knobs) + f"#define PART {part}\n#define SLACK {SLACK}\n" + header() + PARFOR_C + _COPY + tile + _MAIN
 
