@@ -109,6 +109,12 @@ def space(p, lim) -> Space:
                   # input-channel blocks outside the rows: more than one block, and every row's partial sums (the
                   # plane buffer) in half the L2
                   "order != 2 or (cb < cg and rows > 1 and rows * (ow + owb + 1) * (o + 5 * vec) * 8 <= l2_bytes)",
+                  # and where it can, it replaces order 1: in a whole call a deep layer's weights come from memory,
+                  # and its next-piece prefetch hides that (two threads, the caches swept with 100 MB before each
+                  # call: 512-channel 7x7 1.02 ms against 1.29 at order 1, 256-channel 14x14 0.94-0.98 against
+                  # 0.99-1.05; from the caches the two are even, 0.97 against 1.01), while a measurement of the task
+                  # alone, its weights left in the L3, cannot tell them apart
+                  "order != 1 or cb >= cg or rows == 1 or rows * (ow + owb + 1) * (o + 5 * vec) * 8 > l2_bytes",
                   # accumulators + weight vectors + one broadcast input in the register file
                   "owb * ob + ob + 1 <= vregs",
                   # no vector block wider than a group's output channels call for
@@ -147,6 +153,9 @@ def defaults(p, lim) -> dict[str, Any]:
     order = int(2 * _weight_bytes(g, lim) > lim.caches["L2"] and rows > 1)
     if order and threads * ob * vec > g["O"] + ob * vec - 1:
         threads = 1
+    # and the input-channel blocks outside the rows too where there is more than one and the plane buffer fits
+    if order and cb < g["Cg"] and rows * (g["OW"] + owb + 1) * (g["O"] + 5 * vec) * 8 <= lim.caches["L2"]:
+        order = 2
     # software prefetch 16 KiB ahead in the weight stream where it comes from memory (512 channels at 3x3, cold
     # caches: 1.60-1.80 ms from 1.75-2.16 without, measured alone on one thread)
     return {"vec": vec, "owb": owb, "ob": ob, "cb": cb, "unroll": 2, "threads": threads, "order": order,
@@ -300,6 +309,7 @@ def _tile_conv(ob: int, owb: int, unroll: int, vec_ops: str, sc_ops: str, pf: in
                 for (int kh = 0; kh < KH; kh++) {{
                     const float *xr = xp + (((long)n * HP + (long)oh * SH + kh * DH) * WP + (long)ow0 * SW) * CP + g * Cg;
                     for (int kw = 0; kw < KW; kw++) {{
+                        for (int q = 0; q < pfq && pfp < pfe; q++, pfp += 16) __builtin_prefetch(pfp, 0, 2);
                         const float *xk = xr + (long)kw * DW * CP;
                         const float *wk = w + (((long)g * NB + o0 / OBW) * Cg * KH * KW + (long)c0 * KH * KW
                                                + (long)(kh * KW + kw) * (c1 - c0)) * OBW;
@@ -326,8 +336,13 @@ def _tile_conv(ob: int, owb: int, unroll: int, vec_ops: str, sc_ops: str, pf: in
 /* one output row: tiles of OWB columns x OB channel vectors{" and a tail tile" if tail else ""}, input channels in
    blocks of cb */
 static void row(const float *xp, const float *w, const float *scale, const float *shift, const float *R, float *Y,
-                float *part, int n, int oh, int cb, int g_lo, int g_hi, int o_lo, int o_hi, int c_lo, int c_hi) {{
+                float *part, int n, int oh, int cb, int g_lo, int g_hi, int o_lo, int o_hi, int c_lo, int c_hi,
+                const float *pfp, const float *pfe) {{
     const int GOP = G * OGP + {ob} * V;  /* a column's partial sums, with room for the last block's overhang */
+    /* lines of [pfp, pfe) to fetch into the L2 at each kernel tap of the row's tiles: spread over the row */
+    const long taps = (long)(g_hi - g_lo) * ((o_hi < Og ? o_hi : Og) - o_lo + {ob} * V - 1) / ({ob} * V)
+                      * ((c_hi - c_lo + cb - 1) / cb) * ((OW + OWB - 1) / OWB) * KH * KW;
+    const int pfq = pfp < pfe && taps > 0 ? (int)(((pfe - pfp + 15) / 16 + taps - 1) / taps) : 0;
 {acc}
     for (int c0 = c_lo; c0 < c_hi; c0 += cb) {{
         int c1 = c0 + cb < Cg ? c0 + cb : Cg, first = c0 == 0, last = c1 >= Cg;
@@ -359,8 +374,9 @@ def _tile_dw(cbv: int, owb: int, unroll: int, vec_ops: str, sc_ops: str) -> str:
     return f"""
 /* one output row of a depthwise convolution: tiles of OWB columns x CBV channel vectors */
 static void row(const float *xp, const float *w, const float *scale, const float *shift, const float *R, float *Y,
-                float *part, int n, int oh, int cb, int g_lo, int g_hi, int o_lo, int o_hi, int c_lo, int c_hi) {{
-    (void)part; (void)cb; (void)g_lo; (void)g_hi; (void)o_lo; (void)o_hi; (void)c_lo; (void)c_hi;
+                float *part, int n, int oh, int cb, int g_lo, int g_hi, int o_lo, int o_hi, int c_lo, int c_hi,
+                const float *pfp, const float *pfe) {{
+    (void)part; (void)cb; (void)g_lo; (void)g_hi; (void)o_lo; (void)o_hi; (void)c_lo; (void)c_hi; (void)pfp; (void)pfe;
     for (int c0 = 0; c0 < C; c0 += {cbv} * V) {{
         for (int ow0 = 0; ow0 < OW; ow0 += OWB) {{
 {decl}
@@ -395,7 +411,7 @@ static void conv_rows(const void *c, int lo, int hi) {  /* output rows [lo, hi) 
     const conv_args *a = x->a;
     float *part = PART ? scratch(&buf_part, &cap_part, PART_FLOATS) : NULL;
     for (int i = lo; i < hi; i++)
-        row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, i / OH, i % OH, a->cb, 0, G, 0, Og, 0, Cg);
+        row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, i / OH, i % OH, a->cb, 0, G, 0, Og, 0, Cg, NULL, NULL);
 }
 
 static void conv_blocks(const void *c, int lo, int hi) {  /* (group, channel block)s [lo, hi), on any thread */
@@ -407,26 +423,38 @@ static void conv_blocks(const void *c, int lo, int hi) {  /* (group, channel blo
         for (int n = 0; n < N; n++)
             for (int oh = 0; oh < OH; oh++)
                 row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, n, oh, a->cb, g, g + 1, b * OBW, (b + 1) * OBW,
-                    0, Cg);
+                    0, Cg, NULL, NULL);
     }
 }
 
 /* (group, channel block)s [lo, hi) with the input channels outermost in each: every row's partial sums wait in a
    plane buffer while one block of cb input channels runs over all the rows, so that each piece of the block's
    weights comes from memory once and is used at once by every row (``order`` 1 reads a block's whole weights
-   from memory in its first row and from the L2 in the others) */
+   from memory in its first row and from the L2 in the others). The weights are one stream over the blocks in
+   order: while a piece's rows run, each row fetches its share of the next piece into the L2 (prefetcht1, a few lines
+   at each kernel tap of its tiles), so that the next piece's first row does not wait on memory (a deep layer's
+   weights come from memory in a whole call) */
 #define PLANE_ROW ((size_t)(OWP + OWB + 1) * (G * OGP + 4 * V))
 static void conv_planes(const void *c, int lo, int hi) {
     const conv_ctx *x = (const conv_ctx *)c;
     const conv_args *a = x->a;
     float *part = scratch(&buf_part, &cap_part, (size_t)N * OH * PLANE_ROW + SLACK);
+    const long piece = (long)KH * KW * OBW;  /* floats per input channel of a block */
+    const float *end = a->w + (long)hi * Cg * piece;  /* the end of this thread's blocks' weights */
     for (int i = lo; i < hi; i++) {
         const int g = i / NB, b = i % NB;
-        for (int c0 = 0; c0 < Cg; c0 += a->cb)
+        for (int c0 = 0; c0 < Cg; c0 += a->cb) {
+            const int c1 = c0 + a->cb < Cg ? c0 + a->cb : Cg;
+            const float *next = a->w + ((long)i * Cg + c1) * piece;  /* the piece after this one, in the stream */
+            long left = end - next, want = (long)a->cb * piece;
+            if (want > left) want = left;
             for (int n = 0; n < N; n++)
-                for (int oh = 0; oh < OH; oh++)
-                    row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part + ((size_t)n * OH + oh) * PLANE_ROW, n, oh,
-                        a->cb, g, g + 1, b * OBW, (b + 1) * OBW, c0, c0 + a->cb < Cg ? c0 + a->cb : Cg);
+                for (int oh = 0; oh < OH; oh++) {
+                    const long r = (long)n * OH + oh, f0 = want * r / (N * OH) & ~15L, f1 = want * (r + 1) / (N * OH);
+                    row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part + (size_t)r * PLANE_ROW, n, oh,
+                        a->cb, g, g + 1, b * OBW, (b + 1) * OBW, c0, c1, next + f0, next + f1);
+                }
+        }
     }
 }
 
@@ -442,7 +470,7 @@ static void conv_rows_in_order(const conv_ctx *x) {
     for (int i = 0; i < N * OH; i++) {
         const int n = i / OH, oh = i % OH, need = n * HP + oh * SH + (KH - 1) * DH + 1;
         if (need > done) { copy_lines(&cc, done, need); done = need; }
-        row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, n, oh, a->cb, 0, G, 0, Og, 0, Cg);
+        row(a->xp, a->w, a->scale, a->shift, x->R, x->Y, part, n, oh, a->cb, 0, G, 0, Og, 0, Cg, NULL, NULL);
     }
 }
 
