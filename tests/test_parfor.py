@@ -156,3 +156,9 @@ def test_pool_spin_setting(monkeypatch):
         monkeypatch.setenv("PLANFORGE_POOL_SPIN_US", bad)
         with pytest.raises(PoolError, match=r"PLANFORGE_POOL_SPIN_US=.*whole number of microseconds"):
             spin_us()
+    # refused when the CPU target is made, before anything is measured (not as every kernel's failure)
+    from planforge.targets import TargetError
+    from planforge.targets.cpu.target import CpuTarget
+
+    with pytest.raises(TargetError, match="PLANFORGE_POOL_SPIN_US='fast'"):
+        CpuTarget()

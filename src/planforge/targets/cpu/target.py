@@ -125,6 +125,16 @@ class CpuTarget:
     _ceilings: Ceilings | None = field(default=None, init=False, repr=False)
     _limits: Any = field(default=None, init=False, repr=False)
 
+    def __post_init__(self):
+        # the kernels' shared pool reads PLANFORGE_POOL_SPIN_US when a plan or a measuring worker first opens a
+        # library: a bad value is refused here, before any measurement, not as every kernel's failure
+        from .templates.parfor import PoolError, spin_us
+
+        try:
+            spin_us()
+        except PoolError as e:
+            raise TargetError(str(e)) from None
+
     # -- the device ----------------------------------------------------------------
     @property
     def cold(self) -> bool:
