@@ -264,7 +264,7 @@ def test_packed_buffers_and_scratch_start_on_a_cache_line(profile):
     (dims(2, 40, 8, 9, 33, 3, 2, 1), "nchw/wb/relu6", dict(order=2, cb=16, ob=2, owb=4, threads=1)),
     # tail tiles alone: 9 columns at owb 4 (one left), rows outermost
     (dims(1, 19, 9, 9, 20, 3, 1, 1), "nhwc/wb/none", dict(order=0, cb=8, ob=2, owb=4, threads=2)),
-    (dims(1, 24, 5, 5, 64, 1), "nhwc/w/relu", dict(order=1, cb=32, ob=4, owb=3, threads=2)),
+    (dims(1, 24, 5, 5, 64, 1), "nhwc/w/relu", dict(order=1, cb=32, ob=2, owb=3, threads=2)),
 ])
 def test_channel_blocks_outside_the_rows_and_tail_tiles_match_the_reference(d, epi, knobs, profile):
     from planforge.targets.cpu.kernel import CpuBackend
