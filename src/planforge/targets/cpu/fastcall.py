@@ -258,21 +258,15 @@ def chain(natives: list[tuple[int, int]], in_view: np.ndarray, out_view: np.ndar
     return ctypes.cast(lib.pf_chain_run, ctypes.c_void_p).value, ctypes.addressof(c), owner
 
 
-def runs(steps: list[Callable[[], None]], keep) -> list[Callable[[], None]]:
-    """``steps`` with every run of two or more native steps (``step.native``) made one call of a compiled runner
-    (``_CHAIN`` with nothing to copy in or out): one ctypes call where there were as many as the run has steps
-    (a MobileNet's chain of 56 steps runs as 4 calls). The steps themselves, unchanged, where the runner does
-    not build here; ``keep`` is held by each runner with the steps."""
+def runs(steps: list[Callable[[], None]]) -> list[Callable[[], None]]:
+    """``steps`` with every run of two or more native steps (``step.native``) made one call of a ``chain``
+    runner with nothing to copy in or out: one ctypes call where there were as many as the run has steps (a
+    MobileNetV2 chain of 56 steps runs as 5 calls). The steps themselves, unchanged, where the runner does not
+    build here."""
     out: list[Callable[[], None]] = []
+    pad = np.zeros(16, np.float32)[:0]  # no input or output to copy: an address for the zero-length copies
+    proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
     i = 0
-    try:
-        from .build import build
-
-        lib = ctypes.CDLL(str(build(_CHAIN).path))
-    except Exception:  # noqa: BLE001 - no compiler for the runner here: one call per step stays
-        return list(steps)
-    entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
-        ctypes.cast(lib.pf_chain_run, ctypes.c_void_p).value)
     while i < len(steps):
         j = i
         while j < len(steps) and getattr(steps[j], "native", None) is not None:
@@ -281,14 +275,12 @@ def runs(steps: list[Callable[[], None]], keep) -> list[Callable[[], None]]:
             out.append(steps[i])
             i += 1
             continue
-        natives = [steps[k].native for k in range(i, j)]
-        fns = (ctypes.c_void_p * len(natives))(*[f for f, _ in natives])
-        args = (ctypes.c_void_p * len(natives))(*[a for _, a in natives])
-        pad = np.zeros(16, np.float32)  # no input or output to copy: an address for the zero-length copies
-        c = _Chain(len(natives), ctypes.addressof(fns), ctypes.addressof(args), pad.ctypes.data, 0, pad.ctypes.data, 0)
-        handle, ptr = ctypes.addressof(c), pad.ctypes.data
+        try:
+            fn, handle, owner = chain([f.native for f in steps[i:j]], pad, pad, steps[i:j])
+        except Exception:  # noqa: BLE001 - no compiler for the runner here: one call per step stays
+            return list(steps)
 
-        def run(entry=entry, handle=handle, ptr=ptr, owner=(lib, fns, args, c, pad, steps[i:j], keep)):
+        def run(entry=proto(fn), handle=handle, ptr=pad.ctypes.data, owner=owner):
             entry(handle, ptr, ptr)
         out.append(run)
         i = j

@@ -345,14 +345,21 @@ class Plan:
         steps = self.steps
         if view is None or res is None or not steps or any(res is c for c in self.constants.values()):
             return None
-        from .fastcall import bound
+        from .fastcall import bound, chain
 
         fallback = fallback or self.single(lean=False)
         entry = getattr(steps[0], "entry", None) if len(steps) == 1 else None
         # the one step must read the input slot and write the output slot, or skipping them would skip data
         if entry is not None and entry[3:] == (view.ctypes.data, res.ctypes.data):
             return bound(entry[0], entry[1], view.shape, res.shape, fallback, entry[2])
-        return _native_chain(view, res, steps, self, fallback)
+        natives = [getattr(f, "native", None) for f in steps]
+        if None in natives or not (view.flags.c_contiguous and res.flags.c_contiguous):
+            return None
+        try:
+            fn, handle, owner = chain(natives, view, res, (steps, self))
+        except Exception:  # noqa: BLE001 - no compiler for the runner here: the Python path stays
+            return None
+        return bound(fn, handle, view.shape, res.shape, fallback, owner)
 
     @property
     def peak_bytes(self) -> int:
@@ -370,21 +377,6 @@ def rebind(program: list[dict], names: dict[str, str]) -> list[dict]:
             s = {**s, "args": [names[s["args"][0]], *s["args"][1:]]}
         out.append(s)
     return out
-
-
-def _native_chain(view: np.ndarray, res: np.ndarray, steps, owner, fallback) -> Callable[..., np.ndarray] | None:
-    """``steps`` run as one compiled chain from ``view`` (the input, copied in) to ``res`` (copied out), every
-    step native; None otherwise, or where the runner cannot be built here."""
-    from .fastcall import bound, chain
-
-    natives = [getattr(f, "native", None) for f in steps]
-    if None in natives or not (view.flags.c_contiguous and res.flags.c_contiguous):
-        return None
-    try:
-        fn, handle, keep = chain(natives, view, res, (steps, owner))
-    except Exception:  # noqa: BLE001 - no compiler for the runner here: the Python path stays
-        return None
-    return bound(fn, handle, view.shape, res.shape, fallback, keep)
 
 
 class ChainPlan:
@@ -408,6 +400,12 @@ class ChainPlan:
             if getattr(p, "scratch", None) is not None:
                 p.scratch = self.scratch
         self._flat = self._flatten()
+        # each run of compiled steps of such a chain one call of a compiled runner (``fastcall.runs``)
+        self._calls = None
+        if self._flat is not None:
+            from .fastcall import runs
+
+            self._calls = runs(self._flat[1])
 
     def _flatten(self) -> tuple[np.ndarray, list, np.ndarray] | None:
         """(input view, every part's steps in order, output view) when the chain is one run of steps: one input,
@@ -430,15 +428,6 @@ class ChainPlan:
             env.update(zip(outs, p.out_views))
         out = env.get(self._outputs[0])
         return (first._in[0][1], steps, out) if isinstance(out, np.ndarray) else None
-
-    @property
-    def _calls(self) -> list:
-        """The flat chain's steps with each run of native steps one compiled call (``fastcall.runs``)."""
-        if getattr(self, "_runs", None) is None:
-            from .fastcall import runs
-
-            self._runs = runs(self._flat[1], None)  # the steps keep their buffers; no cycle back to the chain
-        return self._runs
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         if len(inputs) != len(self._names):
@@ -468,16 +457,6 @@ class ChainPlan:
     def single(self) -> Callable[[np.ndarray], np.ndarray]:
         feed = self.feed
         return lambda x: np.array(feed(x)[0], copy=True)
-
-    def lean(self, fallback: Callable | None = None) -> Callable[..., np.ndarray] | None:
-        """``Plan.lean`` for a chain that is one run of steps (``_flatten``) whose every step is native: all the
-        parts' steps as one compiled chain (a MobileNet's 56 steps over 18 parts were 56 ctypes calls and 18
-        Python ``feed`` calls a call); None otherwise."""
-        if self._flat is None:
-            return None
-        view, steps, out = self._flat
-        single = self.single()
-        return _native_chain(view, out, steps, self, fallback or (lambda x, out=None: single(x)))
 
     @property
     def peak_bytes(self) -> int:
