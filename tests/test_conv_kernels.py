@@ -258,6 +258,31 @@ def test_packed_buffers_and_scratch_start_on_a_cache_line(profile):
     assert all(getattr(a, f) % 64 == 0 for f in ("w", "scale", "shift", "xp")), [getattr(a, f) % 64 for f in "w"]
 
 
+def test_a_convolution_without_padding_reads_its_input_in_place(profile):
+    """No padded scratch for an NHWC direct convolution with no padding (its padded lines would be the input's
+    own); a padded one, an NCHW one and a depthwise one keep theirs."""
+    from planforge.targets.cpu.build import build
+    from planforge.targets.cpu.templates.parfor import open_library
+
+    lim = limits(profile)
+    cases = [(Problem("conv", dims(1, 24, 9, 11, 40, 1, 2), "nhwc/wb/relu"), False),
+             (Problem("conv", dims(1, 16, 9, 10, 24, 3), "nhwc/wb/relu"), False),
+             (Problem("conv", dims(1, 16, 9, 10, 24, 3, 1, 1), "nhwc/wb/relu"), True),
+             (Problem("conv", dims(1, 24, 9, 11, 40, 1), "nchw/wb/relu"), True),
+             (Problem("dwconv", dims(1, 32, 8, 8, 32, 3, 1, 0, 1, 32), "nhwc/wb/relu"), True)]
+    for p, copies in cases:
+        t = TEMPLATES[p.op]
+        knobs = {**default_knobs(p, lim), "owb": 3}
+        lib = open_library(build(t.source(p, knobs)).path)
+        out = np.zeros(output_shape(p), np.float32)
+        inp = make_inputs(p)
+        run = t.bind(lib, p, knobs, inp, out)
+        assert bool(run.scratch.args.xp) == copies, p
+        run()
+        want = reference(p, inp)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("d, epi, knobs", [
     # input-channel blocks outside the rows (order 2), a tail tile of 7 % 3 columns, a residual, two threads
     (dims(1, 37, 9, 7, 45, 3, 1, 1), "nhwc/packed/add_relu", dict(order=2, cb=8, ob=1, owb=3, threads=2)),
@@ -265,6 +290,11 @@ def test_packed_buffers_and_scratch_start_on_a_cache_line(profile):
     # tail tiles alone: 9 columns at owb 4 (one left), rows outermost
     (dims(1, 19, 9, 9, 20, 3, 1, 1), "nhwc/wb/none", dict(order=0, cb=8, ob=2, owb=4, threads=2)),
     (dims(1, 24, 5, 5, 64, 1), "nhwc/w/relu", dict(order=1, cb=32, ob=2, owb=3, threads=2)),
+    # no padding: the input read in place (a strided 1x1; a 3x3 whose 8 columns leave a tail of 2 at owb 3, on one
+    # thread rows in order, where a padded step copies each line just before its first row)
+    (dims(1, 24, 9, 11, 40, 1, 2), "nhwc/wb/relu", dict(order=0, cb=8, ob=2, owb=4, threads=2)),
+    (dims(1, 16, 9, 10, 24, 3, 1, 0), "nhwc/packed/add_relu", dict(order=0, cb=8, ob=2, owb=3, threads=1)),
+    (dims(1, 40, 6, 7, 20, 3, 1, 0), "nhwc/wb/relu6", dict(order=2, cb=16, ob=1, owb=4, threads=2)),
 ])
 def test_channel_blocks_outside_the_rows_and_tail_tiles_match_the_reference(d, epi, knobs, profile):
     from planforge.targets.cpu.kernel import CpuBackend

@@ -180,6 +180,22 @@ def _obv(knobs) -> int:
     return knobs.get("ob", knobs.get("cbv", 1))
 
 
+def _padded_width(p, g, knobs) -> int:
+    """Columns of a padded input line: the padding, and for the depthwise template (whose tiles run past the row)
+    room for the last tile's overhang; the direct template's tail tile reads no column past the row."""
+    ow = g["OW"] if p.op == "conv" else -(-g["OW"] // knobs["owb"]) * knobs["owb"]
+    return max(g["W"] + g["PL"] + g["PR"], (ow - 1) * g["SW"] + (g["KW"] - 1) * g["DW"] + 1)
+
+
+def _reads_in_place(p, g, knobs) -> bool:
+    """Whether the direct template reads its NHWC input where it lies, without the padded copy: no padding, so the
+    padded lines would be the input's own (1x1 convolutions, MobileNet's expansions and projections, ResNet's
+    downsampling shortcuts; a copy of up to 0.3 MB and one more parallel loop a step at 96x96)."""
+    layout, _, _ = conv_epilogue(p)
+    return (p.op == "conv" and layout == "nhwc" and not any(g[k] for k in ("PT", "PL", "PB", "PR"))
+            and _padded_width(p, g, knobs) == g["W"])
+
+
 def _defs(p, knobs) -> str:
     g = geometry(p)
     layout, form, steps = conv_epilogue(p)
@@ -187,9 +203,10 @@ def _defs(p, knobs) -> str:
     cp = -(-g["C"] // V) * V if p.op == "dwconv" else g["C"]
     ogp = -(-g["Og"] // V) * V
     owp = -(-g["OW"] // knobs["owb"]) * knobs["owb"]
-    wp = max(g["W"] + g["PL"] + g["PR"], (owp - 1) * g["SW"] + (g["KW"] - 1) * g["DW"] + 1)
+    wp = _padded_width(p, g, knobs)
     hp = g["H"] + g["PT"] + g["PB"]
     d = {**g, "V": V, "CP": cp, "OGP": ogp, "OWP": owp, "WP": wp, "HP": hp, "NCHW": int(layout == "nchw"),
+         "NOCOPY": int(_reads_in_place(p, g, knobs)),
          "RES": int("add" in steps), "OWB": knobs["owb"], "OBV": _obv(knobs), "OBW": _obv(knobs) * V,
          "NB": -(-g["Og"] // (_obv(knobs) * V))}
     return "".join(f"#define {k} {v}\n" for k, v in d.items())
@@ -474,9 +491,12 @@ static void conv_rows_in_order(const conv_ctx *x) {
     }
 }
 
-void pf_conv(const conv_args *a) {
-    const int in_order = a->threads <= 1 && a->order == 0;
-    if (!in_order) copy_in(a->x, a->xp, a->threads);
+void pf_conv(const conv_args *args) {
+    conv_args in_place = *args;
+    const conv_args *a = args;
+    if (NOCOPY) { in_place.xp = (float *)args->x; a = &in_place; }  /* no padding: the input is its padded copy */
+    const int in_order = !NOCOPY && a->threads <= 1 && a->order == 0;
+    if (!in_order && !NOCOPY) copy_in(a->x, a->xp, a->threads);
     const float *R = a->res;
     float *Y = a->y;
     if (NCHW && RES) { to_nhwc(a->res, a->rt, O, OH * OW, a->threads); R = a->rt; }
@@ -569,14 +589,13 @@ def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
         for k in range(G):
             sc[k * ogp: k * ogp + Og] = scale[k * Og:(k + 1) * Og]
             sh[k * ogp: k * ogp + Og] = shift[k * Og:(k + 1) * Og]
-    owp = -(-g["OW"] // knobs["owb"]) * knobs["owb"]
-    wpad = max(g["W"] + g["PL"] + g["PR"], (owp - 1) * g["SW"] + (KW - 1) * g["DW"] + 1)
+    wpad = 0 if _reads_in_place(p, g, knobs) else _padded_width(p, g, knobs)
     layout, _, steps = conv_epilogue(p)
     nchw = layout == "nchw"
     res = inputs.get("res")
     # the step's scratch (the padded input, and for NCHW the residual and the output in NHWC), used only while
     # it runs: its own buffer here, which a plan re-points into one workspace shared by all its steps
-    need = {"xp": N * (g["H"] + g["PT"] + g["PB"]) * wpad * cp + SLACK,
+    need = {"xp": N * (g["H"] + g["PT"] + g["PB"]) * wpad * cp + SLACK if wpad else 0,
             "rt": out.size if nchw and res is not None else 0, "yt": out.size if nchw else 0}
     ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
     args = ConvArgs(ptr(inputs["x"]), ptr(wp), ptr(sc), ptr(sh), ptr(res), ptr(out), None, None, None,
