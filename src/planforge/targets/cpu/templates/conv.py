@@ -65,12 +65,20 @@ def _vecs(lim) -> tuple[int, ...]:
     return tuple(v for v in (4, 8, 16) if v <= lim.vector_lanes) or (1,)
 
 
-# Multiply-adds below which a convolution runs on one thread (the default's threshold, and the space's). A step on
-# two threads is an OpenMP region that waits for its second thread: a MobileNet's steps are all under 3.5 M MACs, and
-# its tuned plans with two threads on most steps ran several times slower in a whole call than on one (MobileNetV2,
-# load 3: 12.0 ms as tuned, 5.5 ms with its convolutions on one thread; MobileNetV3-small 7.9 against 2.4 ms every
-# step on one thread), while ResNet-18's 3x3 layers (21 M MACs) gain from the second core when it is free.
-PAR_MACS = 10 ** 7
+# Multiply-adds per fp32 vector lane below which a convolution runs on one thread (the default's threshold, and the
+# space's). Ten million when a step's second thread was an OpenMP team woken from sleep (MobileNetV2 tuned with two
+# threads on most steps: 12.0 ms a call, 5.5 with its convolutions on one). On the process's shared pool, whose
+# workers spin between steps, every MobileNetV2 convolution at 96x96 gained from the second core, measured alone
+# (AVX-512, two threads against one): 1x1 16 -> 96 at 48x48 (3.5 M MACs) 42 against 75 us, 96 -> 24 at 24x24 18
+# against 30, 384 -> 64 at 6x6 (0.9 M) 7.5 against 11; depthwise 3x3 at 48x48x96 stride 2 (0.5 M) 28 against 57,
+# at 12x12x192 (0.25 M) 13.2 against 14.7. 2**14 per lane is about 3 us of one core's FMA throughput: below it the
+# second thread's share is not worth the loop's hand-off.
+PAR_MACS_PER_LANE = 2 ** 14
+
+
+def par_macs(lim) -> int:
+    """Multiply-adds below which a convolution stays on one thread on this machine (its widest vectors)."""
+    return PAR_MACS_PER_LANE * max(_vecs(lim))
 
 
 def _weight_bytes(g, lim) -> int:
@@ -88,7 +96,7 @@ def space(p, lim) -> Space:
     g = geometry(p)
     consts = {"ow": g["OW"], "og": g["Og"], "cg": g["Cg"], "c": g["C"], "k": g["KH"] * g["KW"], "o": g["O"],
               "vregs": lim.vector_registers, "l1_bytes": lim.caches["L1d"], "l2_bytes": lim.caches["L2"],
-              "rows": g["N"] * g["OH"], "macs": _macs(g), "par_macs": PAR_MACS, "wbytes": _weight_bytes(g, lim)}
+              "rows": g["N"] * g["OH"], "macs": _macs(g), "par_macs": par_macs(lim), "wbytes": _weight_bytes(g, lim)}
     common = [categorical("vec", _vecs(lim)), categorical("owb", (1, 2, 3, 4, 6, 8)), categorical("unroll", (1, 2, 4)),
               categorical("threads", tuple(range(1, lim.physical_cores + 1)))]
     shared = ["owb <= max(1, ow)", "threads <= rows", "threads == 1 or macs >= par_macs"]
@@ -130,7 +138,7 @@ def defaults(p, lim) -> dict[str, Any]:
     g = geometry(p)
     vec = max(_vecs(lim))
     rows = g["N"] * g["OH"]
-    threads = min(lim.physical_cores, rows) if _macs(g) >= PAR_MACS else 1
+    threads = min(lim.physical_cores, rows) if _macs(g) >= par_macs(lim) else 1
     if p.op == "dwconv":
         # the column tile that computes the fewest columns past the row, counting one more per tile (6x6 maps at owb 4
         # computed 8 columns: 0.023 -> 0.011 ms at owb 6 for 384 channels, measured alone)
