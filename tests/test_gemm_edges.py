@@ -52,8 +52,8 @@ def test_edges_are_vector_code():
 
 
 def test_small_gemms_stay_on_one_thread(profile):
-    """A GEMM that one thread does in about one wake-up of a sleeping OpenMP team may not take more threads; one
-    four times past the threshold may."""
+    """A GEMM that one thread does in a few microseconds (``PAR_MACS_PER_LANE`` per vector lane) may not take more
+    threads; one four times past the threshold may."""
     lim = limits(profile)
     knobs = dict(vec=_vec(profile), mr=4, nv=1, unroll=1, pack_a=0, pack_b=0, order="ji", mc=16, kc=32, nc=64,
                  threads=2, par="n")

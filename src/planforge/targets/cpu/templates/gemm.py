@@ -34,12 +34,13 @@ from .facts import Facts
 
 
 
-# Multiply-adds per fp32 vector lane below which a GEMM runs on one thread. With idle OpenMP threads asleep
-# (planforge's default) every multi-threaded call wakes the team: 10-15 us on the 2-core machine under load, where
-# 17x192x192 (0.63 M MACs) took 14-17 us on one thread at 16 lanes and 30 us on two, and tuned plans whose small
-# GEMMs ran on two threads took 12.9 against 9.6 ms a call (ViT-tiny) with them on one. 2**16 per lane is about
-# 10 us of one core's FMA throughput at ~3 GHz and ~70% of peak.
-PAR_MACS_PER_LANE = 2 ** 16
+# Multiply-adds per fp32 vector lane below which a GEMM runs on one thread. 2**16 when every multi-threaded call
+# woke a sleeping OpenMP team (10-15 us on the 2-core machine under load; ViT-tiny's plan 12.9 against 9.6 ms with
+# its small GEMMs on one thread). On the process's shared pool, whose workers spin between steps, two threads won
+# from 0.66 M MACs up, measured alone (AVX-512, bias + ReLU, best split of two threads against one): 144x32x144 7.1
+# against 9.3 us, 36x384x64 9.4 against 12.3, 144x192x32 9.6 against 14.9, 9x960x160 17.5 against 27.8. 2**14
+# per lane (as the convolution template's) is about 3 us of one core's FMA throughput.
+PAR_MACS_PER_LANE = 2 ** 14
 
 
 class GemmArgs(ctypes.Structure):
@@ -83,7 +84,7 @@ def space(M: int, N: int, K: int, profile) -> Space:
             "nc < 2 * n or nc == 64",
             "mc % mr == 0 or mc < mr",
             "threads == 1 or par == 'n' or m >= 2 * mr",
-            # a GEMM that one thread does in about one wake-up of a sleeping OpenMP team stays on one thread
+            # a GEMM that one thread does in a few microseconds stays on one thread
             "threads == 1 or m * n * k >= par_macs",
             "threads > 1 or par == 'n'",
         ],
