@@ -480,8 +480,7 @@ def _rowwise(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
 
 def _conv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     """Direct (``conv``) and depthwise (``dwconv``) NHWC convolutions: register tiles of ``owb`` output columns x
-    ``ob`` (``cbv``) channel vectors, rows split over threads, the input copied once into a padded scratch (read in place by a direct convolution
-    without padding)."""
+    ``ob`` (``cbv``) channel vectors, rows split over threads, the input copied once into a padded scratch (or read in place)."""
     c = m.ceil
     N, C, H, W, O, KH, KW, SH, SW, PT, PL, PB, PR, DH, DW, G = m.dims
     OH = (H + PT + PB - DH * (KH - 1) - 1) // SH + 1
@@ -517,9 +516,11 @@ def _conv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     nchw = m.epilogue.startswith("nchw")
     x_b, y_b = F32 * N * C * H * W, F32 * N * O * OH * OW
     w_b = F32 * O * Cg * KH * KW
-    # the input read, and written once more into the padded scratch unless the direct template reads it in place
-    in_place = not dw and not nchw and not (PT or PL or PB or PR)
-    foot = (1.0 if in_place else 2.0) * x_b + w_b + y_b * (2 if res else 1)
+    # the input read, and written once more into the padded scratch unless the template reads it in place (NHWC:
+    # direct without padding, depthwise where its channel tiles divide the channels)
+    in_place = (np.zeros(n, dtype=bool) if nchw else C % lanes == 0 if dw
+                else np.full(n, not (PT or PL or PB or PR)))
+    foot = np.where(in_place, 1.0, 2.0) * x_b + w_b + y_b * (2 if res else 1)
     home = np.broadcast_to(c.home(foot, active), (n,)) if not m.cold else np.full(n, LEVELS.index("DRAM"))
     traffic: dict[str, np.ndarray] = {}
     _add(traffic, home, (foot + (2.0 * y_b * (2 if res else 1) if nchw else 0.0)) * rows_t / rows)

@@ -196,12 +196,26 @@ def _padded_width(p, g, knobs) -> int:
 
 
 def _reads_in_place(p, g, knobs) -> bool:
-    """Whether the direct template reads its NHWC input where it lies, without the padded copy: no padding, so the
-    padded lines would be the input's own (1x1 convolutions, MobileNet's expansions and projections, ResNet's
-    downsampling shortcuts; a copy of up to 0.3 MB and one more parallel loop a step at 96x96)."""
+    """Whether the template reads its NHWC input where it lies, without the padded copy. The direct template: with
+    no padding, so that the padded lines would be the input's own (1x1 convolutions, MobileNet's expansions and
+    projections, ResNet's downsampling shortcuts; a copy of up to 0.3 MB and one more parallel loop a step at
+    96x96). The depthwise template: whenever its channel tiles divide the channels (no tile reads past a pixel's
+    channels), its rows skipping the kernel rows outside the input and its edge columns the taps outside it
+    (the copy of a depthwise step's input costs more than its few multiply-adds a byte: MobileNetV2's stride-2
+    3x3 at 48x48x96 copies 0.9 MB for 0.5 M)."""
     layout, _, _ = conv_epilogue(p)
-    return (p.op == "conv" and layout == "nhwc" and not any(g[k] for k in ("PT", "PL", "PB", "PR"))
-            and _padded_width(p, g, knobs) == g["W"])
+    if layout != "nhwc":
+        return False
+    if p.op == "dwconv":
+        return g["C"] % (knobs["cbv"] * knobs["vec"]) == 0
+    return not any(g[k] for k in ("PT", "PL", "PB", "PR")) and _padded_width(p, g, knobs) == g["W"]
+
+
+def _interior_columns(g) -> tuple[int, int]:
+    """[lo, hi): the output columns all of whose kernel taps lie inside the input row."""
+    lo = min(g["OW"], -(-g["PL"] // g["SW"]))
+    hi = min(g["OW"], (g["W"] - 1 - (g["KW"] - 1) * g["DW"] + g["PL"]) // g["SW"] + 1)
+    return lo, max(lo, hi)
 
 
 def _defs(p, knobs) -> str:
@@ -421,6 +435,80 @@ static void row(const float *xp, const float *w, const float *scale, const float
 """
 
 
+def _tile_dw_in_place(cbv: int, owb: int, unroll: int, vec_ops: str, sc_ops: str, g) -> str:
+    """The depthwise row reading the unpadded NHWC input: kernel rows outside the input skipped for the whole row,
+    the columns whose taps all lie inside in tiles of ``owb`` (the last tile moved back onto the one before where
+    the columns do not divide, unless a residual is added: recomputing a column is harmless only then), the edge
+    columns one at a time, each skipping its taps outside."""
+    lo, hi = _interior_columns(g)
+    decl = "\n".join("        " + " ".join(f"vf a{i}_{j} = vset(0.0f);" for j in range(cbv)) for i in range(owb))
+    body = [f"vf w{j} = vload(wk + {j} * V);" for j in range(cbv)]
+    for i in range(owb):
+        body.append(" ".join(f"a{i}_{j} = vload(xk + (long){i} * SW * C + {j} * V) * w{j} + a{i}_{j};"
+                             for j in range(cbv)))
+    stores = "\n".join(
+        "            " + _store(f"a{i}_{j}", f"(((long)n * OH + oh) * OW + ow0 + {i}) * C + c0 + {j} * V",
+                                f"c0 + {j} * V", "V", vec_ops, sc_ops)
+        for i in range(owb) for j in range(cbv))
+    col_decl = " ".join(f"vf a0_{j} = vset(0.0f);" for j in range(cbv))
+    col_body = " ".join(f"a0_{j} = vload(xk + {j} * V) * vload(wk + {j} * V) + a0_{j};" for j in range(cbv))
+    col_stores = "\n".join(
+        "        " + _store(f"a0_{j}", f"(((long)n * OH + oh) * OW + ow) * C + c0 + {j} * V", f"c0 + {j} * V", "V",
+                            vec_ops, sc_ops)
+        for j in range(cbv))
+    return f"""
+#define OW_LO {lo}
+#define OW_HI {hi}
+/* one output column of a depthwise row, its taps outside the input skipped */
+static inline void dw_col(const float *xn, const float *w, const float *scale, const float *shift, const float *R,
+                          float *Y, int n, int oh, int ow, int c0, int ih0, int kh_lo, int kh_hi) {{
+    {col_decl}
+    for (int kh = kh_lo; kh < kh_hi; kh++)
+        for (int kw = 0; kw < KW; kw++) {{
+            const int iw = ow * SW - PL + kw * DW;
+            if (iw < 0 || iw >= W) continue;
+            const float *xk = xn + ((long)(ih0 + kh * DH) * W + iw) * C + c0;
+            const float *wk = w + ((long)kh * KW + kw) * CP + c0;
+            {col_body}
+        }}
+{col_stores}
+}}
+
+/* one output row of a depthwise convolution read from the unpadded input: tiles of OWB columns x CBV channel
+   vectors over the interior columns, the edge columns one by one */
+static void row(const float *x, const float *w, const float *scale, const float *shift, const float *R, float *Y,
+                float *part, int n, int oh, int cb, int g_lo, int g_hi, int o_lo, int o_hi, int c_lo, int c_hi,
+                const float *pfp, const float *pfe) {{
+    (void)part; (void)cb; (void)g_lo; (void)g_hi; (void)o_lo; (void)o_hi; (void)c_lo; (void)c_hi; (void)pfp; (void)pfe;
+    const int ih0 = oh * SH - PT;
+    int kh_lo = 0, kh_hi = KH;
+    while (kh_lo < KH && ih0 + kh_lo * DH < 0) kh_lo++;
+    while (kh_hi > kh_lo && ih0 + (kh_hi - 1) * DH >= H) kh_hi--;
+    const float *xn = x + (long)n * H * W * C;
+    for (int c0 = 0; c0 < C; c0 += {cbv} * V) {{
+        for (int ow = 0; ow < OW_LO; ow++) dw_col(xn, w, scale, shift, R, Y, n, oh, ow, c0, ih0, kh_lo, kh_hi);
+        int done = OW_LO;  /* interior columns computed so far */
+        for (; done + OWB <= OW_HI || (!RES && done < OW_HI && OW_HI - OW_LO >= OWB); done += OWB) {{
+            const int ow0 = done + OWB <= OW_HI ? done : OW_HI - OWB;
+{decl}
+            for (int kh = kh_lo; kh < kh_hi; kh++) {{
+                const float *xr = xn + ((long)(ih0 + kh * DH) * W + (long)ow0 * SW - PL) * C + c0;
+                #pragma GCC unroll {unroll}
+                for (int kw = 0; kw < KW; kw++) {{
+                    const float *xk = xr + (long)kw * DW * C;
+                    const float *wk = w + ((long)kh * KW + kw) * CP + c0;
+                    {" ".join(body)}
+                }}
+            }}
+{stores}
+        }}
+        for (int ow = done < OW_HI ? done : OW_HI; ow < OW; ow++)
+            dw_col(xn, w, scale, shift, R, Y, n, oh, ow, c0, ih0, kh_lo, kh_hi);
+    }}
+}}
+"""
+
+
 _MAIN = r"""
 typedef struct { const float *x, *w, *scale, *shift, *res; float *y, *xp, *rt, *yt; int cb, threads, order; } conv_args;
 
@@ -526,7 +614,9 @@ void pf_conv(const conv_args *args) {
 def source(p, knobs: dict[str, Any]) -> str:
     _, _, steps = conv_epilogue(p)
     vec_ops, sc_ops = _steps_c(steps)
-    if p.op == "dwconv":
+    if p.op == "dwconv" and _reads_in_place(p, geometry(p), knobs):
+        tile = _tile_dw_in_place(knobs["cbv"], knobs["owb"], knobs["unroll"], vec_ops, sc_ops, geometry(p))
+    elif p.op == "dwconv":
         tile = _tile_dw(knobs["cbv"], knobs["owb"], knobs["unroll"], vec_ops, sc_ops)
     else:
         tile = _tile_conv(knobs["ob"], knobs["owb"], knobs["unroll"], vec_ops, sc_ops, knobs.get("pf", 0),
