@@ -154,6 +154,10 @@ MODELS = {"resnet18": ResNet18, "mobilenet_v2": MobileNetV2, "mobilenet_v3_small
 
 # -- the runners -----------------------------------------------------------------------------------------------------
 
+class NoPlan(Exception):
+    """A model whose tuning wrote no spec."""
+
+
 def runners(name: str, size: int, budget: int, compile_: bool, tmp: Path, keep: str = "",
             spec: str = "") -> tuple[dict, dict]:
     torch.manual_seed(0)
@@ -213,6 +217,10 @@ def runners(name: str, size: int, budget: int, compile_: bool, tmp: Path, keep: 
         t0 = time.perf_counter()
         res = tune(m, example_inputs=(x,), budget=budget, out=(Path(keep) if keep else tmp) / f"pf-{name}-{size}")
         info["tune_s"] = time.perf_counter() - t0
+        if res.spec is None:  # no plan: say which tasks failed and why, and go on with the next model
+            errors = [str(t.error) for t in res.tasks if t.error is not None]
+            raise NoPlan(f"{name} {size}: tuning wrote no spec; {len(errors)} of {len(res.tasks)} tasks found no "
+                         f"valid plan, the first: {errors[0] if errors else 'none'}")
         info["tasks"] = len(res.spec["tasks"])
         plan = res.plan
     (got,) = plan(xn)
@@ -273,8 +281,13 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             for size in (int(s) for s in args.sizes.split(",")):
-                fns, info = runners(name, size, args.budget, not args.no_compile, Path(tmp), args.keep,
-                                     args.spec)
+                try:
+                    fns, info = runners(name, size, args.budget, not args.no_compile, Path(tmp), args.keep,
+                                         args.spec)
+                except NoPlan as e:
+                    print(f"\n{e}", flush=True)
+                    out[f"{name}-{size}"] = {"error": str(e)}
+                    continue
                 plan = info.pop("plan")
                 if args.profile:
                     rows = profile(plan, np.random.default_rng(0).standard_normal((1, 3, size, size), np.float32))
