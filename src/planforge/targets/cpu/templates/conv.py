@@ -1,9 +1,11 @@
 """Convolution templates in NHWC: direct (``conv``, any groups) and depthwise (``dwconv``), fp32.
 
 Both copy the input once per call into a zero-bordered NHWC scratch (padding and, for an NCHW problem,
-the layout change fused into that one pass), so the register tiles run without a bounds check; a
-problem in NCHW also reads its residual through an NHWC copy and writes its output back transposed
-(the e-graph's NHWC forms avoid both). Weights are packed when the kernel is bound (load time):
+the layout change fused into that one pass), so the register tiles run without a bounds check, except where
+they read an NHWC input in place (``_reads_in_place``): a direct convolution without padding, and a depthwise
+one whose channel tiles divide the channels (its rows skip the kernel rows outside the input, its edge columns
+the taps outside it). A problem in NCHW also reads its residual through an NHWC copy and writes its output back
+transposed (the e-graph's NHWC forms avoid both). Weights are packed when the kernel is bound (load time):
 ``conv`` as [G][blocks of ob vectors of output channels][blocks of cb input channels][KH][KW][cb][ob x vec] (a
 tile's block of input channels is one contiguous run, which the prefetcher follows; a stride of a whole row of
 output channels per input channel, and then one 4 KiB run per tap and channel block, a page apart, made deep
