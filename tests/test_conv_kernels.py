@@ -299,9 +299,8 @@ def test_a_convolution_without_padding_reads_its_input_in_place(profile):
 def test_depthwise_in_place_tiles_and_edges_match_the_reference(d, epi, profile):
     """Every column tile (``owb``) and channel tile (``cbv`` x ``vec``) that divides the channels, read in place:
     interior tiles moved back onto the one before, edge columns and kernel rows outside the input skipped."""
-    from planforge.targets.cpu.kernel import CpuBackend
     from planforge.targets.cpu.templates.conv import _reads_in_place, geometry
-    from test_cpu_kernels import ONCE
+    from test_cpu_kernels import assert_candidates_correct
 
     lim = limits(profile)
     p = Problem("dwconv", d, epi)
@@ -317,13 +316,7 @@ def test_depthwise_in_place_tiles_and_edges_match_the_reference(d, epi, profile)
                 if space.is_valid(space.make({**k, "threads": 1})) and _reads_in_place(p, geometry(p), k):
                     cands.append(space.make(k))
     assert len(cands) >= 6
-    be = CpuBackend(p, TEMPLATES["dwconv"], profile, timing=ONCE)
-    try:
-        outs = be.measure(cands)
-    finally:
-        be.close()
-    bad = [(c.as_dict(), o.category, o.message[:300]) for c, o in zip(cands, outs) if not o.ok]
-    assert not bad, bad
+    assert_candidates_correct(p, profile, cands)
 
 
 @pytest.mark.parametrize("d, epi, knobs", [

@@ -28,11 +28,13 @@ def sample_knobs(space, n, seed=0):
 
 
 def assert_all_correct(problem, profile, n, seed=0):
-    lim = limits(profile)
-    t = TEMPLATES[problem.op]
-    space = t.space(problem, lim)
-    cands = sample_knobs(space, n, seed)
-    be = CpuBackend(problem, t, profile, timing=ONCE)
+    space = TEMPLATES[problem.op].space(problem, limits(profile))
+    return assert_candidates_correct(problem, profile, sample_knobs(space, n, seed))
+
+
+def assert_candidates_correct(problem, profile, cands):
+    """Each candidate built, run and checked against the reference by the measuring backend."""
+    be = CpuBackend(problem, TEMPLATES[problem.op], profile, timing=ONCE)
     try:
         outs = be.measure(cands)
     finally:
