@@ -480,7 +480,8 @@ def _rowwise(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
 
 def _conv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     """Direct (``conv``) and depthwise (``dwconv``) NHWC convolutions: register tiles of ``owb`` output columns x
-    ``ob`` (``cbv``) channel vectors, rows split over threads, the input copied once into a padded scratch (or read in place)."""
+    ``ob`` (``cbv``) channel vectors, rows split over threads, the input copied once into a padded scratch or read
+    in place."""
     c = m.ceil
     N, C, H, W, O, KH, KW, SH, SW, PT, PL, PB, PR, DH, DW, G = m.dims
     OH = (H + PT + PB - DH * (KH - 1) - 1) // SH + 1

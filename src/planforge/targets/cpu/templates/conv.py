@@ -592,7 +592,7 @@ static void conv_rows_in_order(const conv_ctx *x) {
 void pf_conv(const conv_args *args) {
     conv_args in_place = *args;
     const conv_args *a = args;
-    if (NOCOPY) { in_place.xp = (float *)args->x; a = &in_place; }  /* no padding: the input is its padded copy */
+    if (NOCOPY) { in_place.xp = (float *)args->x; a = &in_place; }  /* read in place (``_reads_in_place``) */
     const int in_order = !NOCOPY && a->threads <= 1 && a->order == 0;
     if (!in_order && !NOCOPY) copy_in(a->x, a->xp, a->threads);
     const float *R = a->res;
