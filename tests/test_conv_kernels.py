@@ -266,7 +266,8 @@ def test_packed_buffers_and_scratch_start_on_a_cache_line(profile):
 
 def test_a_convolution_without_padding_reads_its_input_in_place(profile):
     """No padded scratch for an NHWC direct convolution with no padding (its padded lines would be the input's
-    own); a padded one, an NCHW one and a depthwise one keep theirs."""
+    own) nor for an NHWC depthwise one whose channel tiles divide its channels; a padded direct one, an NCHW one
+    and a depthwise one with a channel tail keep theirs."""
     from planforge.targets.cpu.build import build
     from planforge.targets.cpu.templates.parfor import open_library
 

@@ -519,8 +519,12 @@ def _conv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     w_b = F32 * O * Cg * KH * KW
     # the input read, and written once more into the padded scratch unless the template reads it in place (NHWC:
     # direct without padding, depthwise where its channel tiles divide the channels)
-    in_place = (np.zeros(n, dtype=bool) if nchw else C % lanes == 0 if dw
-                else np.full(n, not (PT or PL or PB or PR)))
+    if nchw:
+        in_place = np.zeros(n, dtype=bool)
+    elif dw:
+        in_place = C % lanes == 0
+    else:
+        in_place = np.full(n, not (PT or PL or PB or PR))
     foot = np.where(in_place, 1.0, 2.0) * x_b + w_b + y_b * (2 if res else 1)
     home = np.broadcast_to(c.home(foot, active), (n,)) if not m.cold else np.full(n, LEVELS.index("DRAM"))
     traffic: dict[str, np.ndarray] = {}
