@@ -25,7 +25,7 @@ def test_control_objective_matches_a_hand_calculation():
 
 
 def _tr(key, weight, latency, library):
-    return SimpleNamespace(task=SimpleNamespace(key=key, weight=weight),
+    return SimpleNamespace(task=SimpleNamespace(key=key, weight=weight), latency=latency,
                            walk=SimpleNamespace(accepted=SimpleNamespace(metric=latency)),
                            best_library=("numpy", library), ratio_vs_library=latency / library)
 
@@ -114,3 +114,41 @@ def test_a_slow_runners_end_to_end_rounds_are_capped_not_its_fast_ones():
     # the slow one: about ROUND_CAP_S a round (at least MIN_ROUND_SAMPLES calls), not min_repeats x 50 ms
     assert endtoend.MIN_ROUND_SAMPLES * 2 <= len(lib) <= 2 * endtoend.ROUND_CAP_S / 0.05 + 2
     assert len(mine) >= 2 * endtoend.E2E_TIMING.min_repeats  # the fast one keeps its full sample
+
+
+def test_a_part_whose_every_plan_fails_validation_runs_its_library_and_the_model_keeps_its_other_plans(tmp_path,
+                                                                                                      profile):
+    """One task of a partitioned model finds no valid plan (every candidate rejected): the spec is still written,
+    that part runs numpy and says why, the others keep their tuned programs, and the loaded plan is correct."""
+    import planforge
+    from planforge.ir.zoo import transformer
+    from planforge.report.summary import print_summary
+    from planforge.search import Budget
+    from planforge.spec import load_spec
+    from planforge.targets.cpu.target import CpuTarget
+    from planforge.tuning import tune
+    from planforge.workloads.models import graph_workload
+    from rich.console import Console
+
+    g = transformer(layers=2, seq=6, width=16, heads=2)
+    wl = graph_workload(g, "t2", whole_below=0, target=CpuTarget(profile))
+    bad = max(wl.tasks, key=lambda t: t.weight)  # the repeated layer: both its parts run the library
+    bad.validators = [*bad.validators, lambda c: "rejected [by the test]"]
+    res = tune(wl, budget=Budget(evals=6), seed=0, out=tmp_path)
+    assert res.ok and res.spec_path is not None and res.end_to_end is not None
+    spec = load_spec(res.spec_path)  # validates against the schema
+    t = spec["tasks"][bad.key]
+    assert t["plan"] is None and t["fingerprint"] is None and t["rank"] is None and "program" not in t
+    assert t["selected"] == "numpy" and t["fallback"]["to"] == "numpy" and "rejected [by the test]" in t["no_plan"]
+    assert t["latency_s"] == t["baselines"]["numpy"] and t["rejected_finalists"]
+    assert spec["end_to_end"]["decisions"][bad.key]["decision"] == "numpy"
+    others = [v for k, v in spec["tasks"].items() if k != bad.key]
+    assert others and all(v["plan"] is not None and "program" in v for v in others)
+    assert any(bad.key in n and "runs numpy" in n for n in res.notes)
+    con = Console(record=True, width=400)
+    print_summary(res, con)
+    assert "rejected [by the test]" in con.export_text()  # printed literally, not eaten as markup
+    plan = planforge.load(res.spec_path, graph=g)
+    xs = g.example_inputs(3)
+    out, ref = plan(*xs), g.evaluate(*xs)[0]
+    assert np.abs(out - ref).max() < 1e-3 * (1 + np.abs(ref).max())

@@ -265,10 +265,11 @@ def spec_show(file: Path = typer.Argument(..., help="Spec file to show.")) -> No
     for col in ("task", "plan", "latency", "rank", "rejected finalists", "search"):
         table.add_column(col)
     for key, t in spec["tasks"].items():
-        plan = ", ".join(f"{k}={v}" for k, v in t["plan"].items())
+        plan = ", ".join(f"{k}={v}" for k, v in t["plan"].items()) if t["plan"] is not None else \
+            f"{t['selected']} (no valid plan)"
         rej = "; ".join(f"#{f['rank']}: {'; '.join(f['reasons'])}" for f in t["rejected_finalists"]) or "-"
         s = t["search"]
-        table.add_row(key, plan, fmt_time(t["latency_s"]), str(t["rank"]), rej,
+        table.add_row(Text(key), Text(plan), fmt_time(t["latency_s"]), str(t["rank"] or "-"), Text(rej),
                       f"{s['strategy']['name']} seed {s['seed']}, {s['evaluations']} evals: {s['stop_reason']}")
     out_console.print(table)
 

@@ -98,14 +98,16 @@ class EndToEnd:
 def decide(results: Sequence[TaskResult], objective: Objective, target_holds: bool) -> dict[str, dict[str, Any]]:
     """The task-level 95% rule for each task (see the module's docstring); ``target_holds``: whether the whole
     plan meets the task-level target with every task as tuned."""
-    total = sum(tr.walk.accepted.metric * tr.task.weight for tr in results) or 1.0
+    total = sum(tr.latency * tr.task.weight for tr in results) or 1.0
     out = {}
     for tr in results:
-        share = tr.walk.accepted.metric * tr.task.weight / total
+        share = tr.latency * tr.task.weight / total
         lib = tr.best_library
         ratio = tr.ratio_vs_library
         slow = ratio is not None and ratio * FALLBACK_WITHIN > 1.0
-        if not slow:
+        if tr.walk is None:  # no valid plan: the part runs its library whatever the rule says
+            d = {"decision": tr.library_only["to"], "share": share, "reason": tr.library_only["reason"]}
+        elif not slow:
             d = {"decision": "tuned", "share": share, "reason": "within the 95% rule" if lib else "no library"}
         elif share < objective.share_threshold and target_holds:
             d = {"decision": "tuned", "share": share,
@@ -233,7 +235,7 @@ def end_to_end(workload, results: Sequence[TaskResult], objective: Objective, ta
     from .validate.accuracy import program_formats
 
     g = workload.graph
-    est_tuned = sum(tr.walk.accepted.metric * tr.task.weight for tr in results)
+    est_tuned = sum(tr.latency * tr.task.weight for tr in results)
     est_lib = sum(tr.best_library[1] * tr.task.weight for tr in results if tr.best_library) or math.inf
     control_est = objective.control(est_tuned, est_tuned)
     decisions = decide(results, objective, est_tuned <= est_lib and (control_est is None or control_est["holds"]))
@@ -268,9 +270,9 @@ def end_to_end(workload, results: Sequence[TaskResult], objective: Objective, ta
                            "settings": p.settings} if p.run is not None else {"skipped": p.why, "settings": p.settings})
                  for p in peers}
     med, p99 = float(np.median(mine)), _percentile(mine, 99)
-    total = sum(tr.walk.accepted.metric * tr.task.weight for tr in results) or 1.0
-    shares = sorted(({"task": tr.task.key, "weight": tr.task.weight, "latency_s": tr.walk.accepted.metric,
-                      "share": tr.walk.accepted.metric * tr.task.weight / total,
+    total = sum(tr.latency * tr.task.weight for tr in results) or 1.0
+    shares = sorted(({"task": tr.task.key, "weight": tr.task.weight, "latency_s": tr.latency,
+                      "share": tr.latency * tr.task.weight / total,
                       "ratio_vs_library": tr.ratio_vs_library} for tr in results), key=lambda d: -d["share"])
     e2e = EndToEnd(med, p99, len(mine), "numpy", float(np.median(lib)), _percentile(lib, 99), shares,
                    objective.control(med, p99), decisions, objective.to_json(), peer_json, accuracy)

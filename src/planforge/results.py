@@ -7,7 +7,7 @@ driver, and the driver writes the report without a circle.
 from __future__ import annotations
 
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +33,9 @@ class TaskResult:
     funnel: list[dict[str, Any]] = field(default_factory=list)  # L0 stage counts, whole space -> measured
     bound: dict[str, Any] | None = None  # the analytic model's figures for the accepted plan
     l2: dict[str, Any] | None = None  # the L2 phase (``l2.L2Result.to_json``): each proposal's fate; None: not run
+    # a part of a partitioned model that found no valid plan runs its library instead: {"to", "reason"}
+    # (``library_instead``); None: the task has a plan, or no library ran either
+    library_only: dict[str, str] | None = None
 
     @property
     def best_library(self) -> tuple[str, float] | None:
@@ -47,6 +50,8 @@ class TaskResult:
     @property
     def fallback(self) -> dict[str, str] | None:
         """The 95% rule: a tuned kernel slower than 95% of the best library's speed gives way to the library."""
+        if self.library_only is not None:
+            return self.library_only
         lib = self.best_library
         if lib is None or self.walk is None:
             return None
@@ -56,6 +61,16 @@ class TaskResult:
         return {"to": lib[0], "reason": f"the tuned kernel reaches {100 / ratio:.0f}% of {lib[0]}'s speed "
                                         f"({self.walk.accepted.metric:.4g} s vs {lib[1]:.4g} s), below the "
                                         f"{100 * FALLBACK_WITHIN:.0f}% rule"}
+
+    @property
+    def planned(self) -> bool:
+        """Whether the plan can run this task: a plan passed validation, or its part runs the library instead."""
+        return self.walk is not None or self.library_only is not None
+
+    @property
+    def latency(self) -> float:
+        """The task's time in the whole plan as tuned: its accepted plan's, or its library's when it has none."""
+        return self.walk.accepted.metric if self.walk is not None else self.baselines[self.library_only["to"]].metric
 
     @property
     def selected_latency(self) -> float | None:
@@ -117,7 +132,20 @@ class TuneResult:
 
     @property
     def ok(self) -> bool:
-        return all(t.walk is not None for t in self.tasks)
+        return all(t.planned for t in self.tasks)
+
+
+def library_instead(tr: TaskResult) -> TaskResult:
+    """``tr``, a part of a partitioned model whose finalists all failed, running its library instead when one ran
+    (the part's op-by-op steps are exact): the rest of the model keeps its tuned plans and the spec says why."""
+    lib = tr.best_library
+    if tr.walk is not None or lib is None:
+        return tr
+    rejected = tr.error.rejected if tr.error else ()
+    reasons = list(dict.fromkeys(r for f in rejected for r in f.reasons))  # each once, in rank order
+    why = (f"all {len(rejected)} finalists rejected: {'; '.join(reasons)}"[:300] if rejected
+           else "no plan was measured successfully")
+    return replace(tr, library_only={"to": lib[0], "reason": f"no valid plan ({why}): the part runs {lib[0]}"})
 
 
 def toolchain() -> dict[str, str]:

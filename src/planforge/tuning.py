@@ -23,7 +23,7 @@ from .costmodel.learned import history
 from .l2 import L2Settings, task_phase, trigger as l2_trigger
 from .report.html import write_report
 from .report.run import write_run
-from .results import FALLBACK_WITHIN, PlanLoader, TaskResult, TuneResult, toolchain
+from .results import FALLBACK_WITHIN, PlanLoader, TaskResult, TuneResult, library_instead, toolchain
 from .measure.executor import make_executor
 from .search import Budget, NoValidFinalist, Ranked, SearchResult, Trial, Walk, make_strategy, walk_finalists
 from .search.scheduler import DEFAULT_WARMUP, Grant, TaskSearch, TaskState, compact, make_scheduler, schedule
@@ -48,19 +48,19 @@ def _finalist_json(rank: int, e) -> dict[str, Any]:
 
 def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
     r, w, t = tr.result, tr.walk, tr.task
-    acc = w.accepted
+    acc = w.accepted if w is not None else None  # None: a part that runs its library (``library_only``)
     lib = tr.best_library
     d: dict[str, Any] = {
         "weight": t.weight,
-        "plan": acc.candidate.as_dict(),
-        "fingerprint": acc.candidate.fingerprint,
-        "latency_s": acc.metric,
-        "rank": acc.rank,
+        "plan": acc.candidate.as_dict() if acc else None,
+        "fingerprint": acc.candidate.fingerprint if acc else None,
+        "latency_s": tr.latency,
+        "rank": acc.rank if acc else None,
         "baselines": {name: o.metric for name, o in sorted(tr.baselines.items()) if o.ok},
         "ratio_vs_baseline": tr.ratio_vs_library,
         "fallback": tr.fallback,
         "selected": tr.fallback["to"] if tr.fallback else "tuned",
-        "rejected_finalists": [f.to_json() for f in w.rejected],
+        "rejected_finalists": [f.to_json() for f in (w.rejected if w else tr.error.rejected if tr.error else ())],
         "ranked": [_finalist_json(i, e) for i, e in enumerate(tr.ranked or r.ranked, start=1)],
         "search": {
             "strategy": tr.strategy,
@@ -74,23 +74,15 @@ def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
             "space": {"size": t.space.size, "knobs": len(t.space.knobs)},
         },
     }
-    if acc.peak_bytes is not None:
-        d["peak_bytes"] = acc.peak_bytes
-    kept = (tr.l2 or {}).get("kept")
-    if kept and kept["fingerprint"] == acc.candidate.fingerprint:  # the plan came from an L2 proposer
-        d["l2"] = {"proposer": kept["proposer"], "trigger": tr.l2["trigger"], "latency_s": kept["latency_s"],
-                   "incumbent_s": (tr.l2.get("incumbent") or {}).get("latency_s")}
-    if t.record is not None:  # a quantised task: the format, its measured error, the tiles and the budget
-        d["quant"] = t.record(acc.candidate)
+    if acc is None:
+        d["no_plan"] = tr.library_only["reason"]
+    else:
+        d.update(_accepted_json(tr, acc))
     if tr.funnel:
         d["funnel"] = tr.funnel
         d["funnel_pruned"] = pruned_fraction(tr.funnel)  # of the valid space, never measured
     if tr.bound:
         d["bound"] = tr.bound
-    program = t.backend.program(acc.candidate)
-    if program is not None:  # a whole-graph plan: the program is what `planforge run` executes
-        d["program"] = program
-        d["graph"] = {k: v for k, v in t.info.items() if k != "saturation"}
     if lib is not None:
         d["library_latency_s"] = lib[1]
     failed = {n: f"{o.category}: {o.message[:200]}" for n, o in sorted(tr.baselines.items()) if not o.ok}
@@ -99,6 +91,25 @@ def task_spec(tr: TaskResult, budget: Budget) -> dict[str, Any]:
     if t.cost_model is not None:
         measured = [x for x in r.trials if x.outcome.ok]
         d["proxy"] = {"name": t.cost_model.name, "spearman": tr.proxy_spearman, "pairs": len(measured)}
+    return d
+
+
+def _accepted_json(tr: TaskResult, acc) -> dict[str, Any]:
+    """What a task's spec says of its accepted plan beyond its knobs: peak memory, the L2 proposer it came from,
+    its weight format, and the program a whole-graph plan runs."""
+    t, d = tr.task, {}
+    if acc.peak_bytes is not None:
+        d["peak_bytes"] = acc.peak_bytes
+    kept = (tr.l2 or {}).get("kept")
+    if kept and kept["fingerprint"] == acc.candidate.fingerprint:  # the plan came from an L2 proposer
+        d["l2"] = {"proposer": kept["proposer"], "trigger": tr.l2["trigger"], "latency_s": kept["latency_s"],
+                   "incumbent_s": (tr.l2.get("incumbent") or {}).get("latency_s")}
+    if t.record is not None:  # a quantised task: the format, its measured error, the tiles and the budget
+        d["quant"] = t.record(acc.candidate)
+    program = t.backend.program(acc.candidate)
+    if program is not None:  # a whole-graph plan: the program is what `planforge run` executes
+        d["program"] = program
+        d["graph"] = {k: v for k, v in t.info.items() if k != "saturation"}
     return d
 
 
@@ -227,14 +238,19 @@ def tune(workload: Workload, strategy: str = "auto", budget: Budget = Budget(eva
         main = next(iter(per_task[0]))
         if l2 is not None and l2.mode != "off":  # L2 after L1 and the finalists, on this machine's results
             _l2_round(db, run_id, workload, per_task, main, l2, notes)
+        if workload.partition is not None:  # a part with no valid plan runs its library; the others keep theirs
+            for d in per_task:
+                if main in d:
+                    d[main] = library_instead(d[main])
         results = [d.get(main) or next(iter(d.values())) for d in per_task]
+        notes.extend(f"task {tr.task.key}: {tr.library_only['reason']}" for tr in results if tr.library_only)
         notes.extend(warm_note(tr.task.key, tr.strategy.get("warm_start")) for tr in results
                      if tr.strategy.get("warm_start"))
         by_target: dict[str, list[TaskResult]] = {}
         for d in per_task:
             for where, tr in d.items():
                 by_target.setdefault(where, []).append(tr)
-        ok = all(r.walk is not None for r in results)
+        ok = all(r.planned for r in results)
         e2e = None
         if ok and workload.partition is not None and workload.target is not None:
             # the task-level objective: the whole plan, chained from every task's choice, measured end to end

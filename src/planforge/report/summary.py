@@ -186,7 +186,7 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
                           f"extraction greedy {i.get('greedy_s', 0) * 1e3:.3g} ms, ILP {i.get('ilp_s', 0) * 1e3:.3g} ms "
                           f"({i.get('ilp')}); {i.get('pruned_by_memory', 0)} e-nodes pruned by the memory budget")
         elif tr.error:
-            con.print(f"  [red]finalist walk: {tr.error}[/]")
+            con.print(f"  [red]finalist walk: {escape(str(tr.error))}[/]")
         if tr.baselines:
             libs = ", ".join(f"{n} {fmt_time(o.metric)}" if o.ok else f"{n} failed ({o.category})"
                              for n, o in sorted(tr.baselines.items()))
@@ -197,7 +197,7 @@ def print_summary(res: TuneResult, console: Console | None = None) -> None:
                 con.print(f"  tuned / best library = {tr.ratio_vs_library:.3f}: "
                           + (f"{r:.1f}x faster than {name}" if r >= 1 else f"{1 / r:.1f}x slower than {name}"))
             if tr.fallback:
-                con.print(f"  [yellow]fallback to {tr.fallback['to']}[/]: {tr.fallback['reason']}")
+                con.print(f"  [yellow]fallback to {escape(tr.fallback['to'])}[/]: {escape(tr.fallback['reason'])}")
         if tr.bound:
             b = tr.bound
             ratio = f"; the accepted plan runs at {b['of_bound']:.2f}x its bound" if b.get("of_bound") else ""

@@ -135,6 +135,8 @@ def task_summary(key: str, t: dict[str, Any], profile: dict[str, Any] | None) ->
     s["warnings"] += _load_warnings(t, profile)
     if acc is None:
         s["plan"] = f"no plan passed validation: {t.get('error')}"
+        if t.get("fallback"):  # a part of a partitioned model: it runs its library instead
+            s["notes"].append(f"the part runs {t['fallback']['to']} instead: the rest of the model keeps its plans")
         return s
     s["plan"] = plan_words(acc)
     which = "re-measured median" if t.get("remeasured") else "search median"
