@@ -162,3 +162,39 @@ def test_pool_spin_setting(monkeypatch):
 
     with pytest.raises(TargetError, match="PLANFORGE_POOL_SPIN_US='fast'"):
         CpuTarget()
+
+
+HUSH_SOURCE = SOURCE + r"""
+/* what pool.py's pinned pools do: take the shared pool's hush from open_library and call it */
+static void (*hush)(void);
+__attribute__((visibility("default"))) void pf_use_hush(void *h) { hush = (void (*)(void))h; }
+int call_hush(void) { if (!hush) return 0; hush(); return 1; }
+"""
+
+
+def test_a_library_with_its_own_pool_hushes_the_shared_pools_spinning_worker():
+    """After a loop the shared pool's worker spins (here for 2 s) before it sleeps, taking a core that a kernel
+    with a pinned pool of its own (the fused MLP) needs; that kernel hushes it first and the worker sleeps at
+    once: the process's CPU time over the next 0.3 s (its worker's spin) drops to nearly nothing."""
+    import time
+
+    lib = open_library(build(HUSH_SOURCE).path)
+    P = ctypes.POINTER(ctypes.c_int)
+    lib.run.argtypes = [P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    pool = parfor._shared()[0]
+    pool.pf_pool_spin(2_000_000_000)
+    used = {}
+    try:
+        for hushed in (False, True, False, True):
+            hits, _ = _run(lib, 1 << 14, 2, calls=4)
+            assert (hits == 4).all()
+            if hushed:
+                assert lib.call_hush() == 1, "open_library handed over the shared pool's hush"
+            t0 = time.process_time()
+            time.sleep(0.3)
+            used.setdefault(hushed, []).append(time.process_time() - t0)
+    finally:
+        pool.pf_pool_spin(spin_us() * 1000)  # read on every check of the spin: it holds at once
+    spun, slept = max(used[False]), max(used[True])
+    assert spun > 0.1, f"the worker did not spin after its call ({used})"
+    assert slept < 0.5 * spun, f"the hushed worker kept spinning ({used})"

@@ -52,7 +52,12 @@ convolution's padded copy, then its rows), and its whole call took 19.7 ms
 where its steps, each timed hot, summed to 15.2. The shared pool's workers
 also spin ``PLANFORGE_POOL_SPIN_US`` microseconds (default 200; 0: sleep at
 once) after a call before they sleep, so that the next step's loop finds them
-awake; a library's own pool (opened otherwise) sleeps at once, as before.
+awake; a library's own pool (opened otherwise) sleeps at once, as before. A
+kernel with a pinned pool of its own (``pool.py``: the fused MLP) hushes them
+first (``pf_pool_hush``, handed over by ``open_library``): a worker spinning
+on a core that kernel's pinned worker needs made the two take turns there
+(MobileNetV3-small's classifier right after the last convolution: 215 us,
+against 145 hushed).
 """
 from __future__ import annotations
 
@@ -130,15 +135,19 @@ static void pf_claim(uint32_t call, int me, int homes) {
 }
 
 static long pf_spin_ns;  /* how long an idle worker spins before it sleeps (the shared pool's; 0 here) */
+static atomic_uint pf_hushes;  /* bumped by ``pf_pool_hush``: a spinning worker then sleeps at once */
 
-/* spin up to pf_spin_ns for the call number to move on from ``seen``: 1 if it did */
+/* spin up to pf_spin_ns for the call number to move on from ``seen``: 1 if it did; 0 when the time is up or
+   the pool was hushed meanwhile */
 static int pf_spin(unsigned seen) {
     if (pf_spin_ns <= 0) return 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    unsigned hushed = atomic_load_explicit(&pf_hushes, memory_order_relaxed);
     for (unsigned k = 1;; k++) {
         if (atomic_load_explicit(&pf_st.call, memory_order_acquire) != seen) return 1;
         pf_relax();
+        if (!(k & 15) && atomic_load_explicit(&pf_hushes, memory_order_relaxed) != hushed) return 0;
         if (!(k & 63)) {
             clock_gettime(CLOCK_MONOTONIC, &t1);
             if ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) > pf_spin_ns) return 0;
@@ -248,11 +257,16 @@ __attribute__((visibility("default"))) void pf_pool_parfor(int n, int threads, p
 }
 
 __attribute__((visibility("default"))) void pf_pool_spin(long ns) { pf_spin_ns = ns; }
+
+/* a kernel with a pinned pool of its own (``pool.py``) calls this first: spinning workers go to sleep */
+__attribute__((visibility("default"))) void pf_pool_hush(void) {
+    atomic_fetch_add_explicit(&pf_hushes, 1, memory_order_relaxed);
+}
 """
 
 DEFAULT_SPIN_US = 200
 _lock = threading.Lock()
-_pool: list = []  # [(library, address of its pf_pool_parfor)]: a forked child keeps it (its workers restart)
+_pool: list = []  # [(library, address of pf_pool_parfor, of pf_pool_hush)]: a forked child keeps it (its workers restart)
 
 
 class PoolError(ValueError):
@@ -273,8 +287,9 @@ def spin_us() -> int:
     return v
 
 
-def shared_pool() -> int:
-    """The address of this process's shared ``pf_pool_parfor`` (built and loaded at the first call)."""
+def _shared() -> tuple:
+    """This process's shared pool: (its library, the address of ``pf_pool_parfor``, of ``pf_pool_hush``),
+    built and loaded at the first call."""
     with _lock:
         if not _pool:
             from ..build import build
@@ -282,19 +297,28 @@ def shared_pool() -> int:
             lib = ctypes.CDLL(str(build(_POOL_C).path))
             lib.pf_pool_spin.argtypes = [ctypes.c_long]
             lib.pf_pool_spin(spin_us() * 1000)
-            _pool.append((lib, ctypes.cast(lib.pf_pool_parfor, ctypes.c_void_p).value))
-        return _pool[0][1]
+            _pool.append((lib, *(ctypes.cast(f, ctypes.c_void_p).value for f in (lib.pf_pool_parfor,
+                                                                                  lib.pf_pool_hush))))
+        return _pool[0]
+
+
+def shared_pool() -> int:
+    """The address of this process's shared ``pf_pool_parfor`` (built and loaded at the first call)."""
+    return _shared()[1]
 
 
 def open_library(path: str | Path) -> ctypes.CDLL:
-    """``ctypes.CDLL(path)``, its parallel loops (if it has ``pf_use_pool``) put on the process's shared pool."""
+    """``ctypes.CDLL(path)``, its parallel loops (if it has ``pf_use_pool``) put on the process's shared pool;
+    a library with a pinned pool of its own (``pf_use_hush``, ``pool.py``) hushes the shared pool's spinning
+    workers before each of its calls."""
     lib = ctypes.CDLL(str(path))
-    try:
-        use = lib.pf_use_pool
-    except AttributeError:
-        return lib
-    use.argtypes = [ctypes.c_void_p]
-    use(shared_pool())
+    for name, addr in (("pf_use_pool", 1), ("pf_use_hush", 2)):
+        try:
+            use = getattr(lib, name)
+        except AttributeError:
+            continue
+        use.argtypes = [ctypes.c_void_p]
+        use(_shared()[addr])
     return lib
 
 
