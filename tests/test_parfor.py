@@ -198,3 +198,36 @@ def test_a_library_with_its_own_pool_hushes_the_shared_pools_spinning_worker():
     spun, slept = max(used[False]), max(used[True])
     assert spun > 0.1, f"the worker did not spin after its call ({used})"
     assert slept < 0.5 * spun, f"the hushed worker kept spinning ({used})"
+
+
+def test_a_wake_step_wakes_the_shared_pools_sleeping_worker():
+    """Where a part of a chained plan begins, ``wake_step`` wakes the shared pool's sleeping workers so that they
+    are spinning by the part's first parallel loop: a worker asleep (hushed) burns no CPU time; woken, it spins."""
+    import time
+
+    from planforge.targets.cpu.templates.parfor import wake_step
+
+    lib = open_library(build(HUSH_SOURCE).path)
+    P = ctypes.POINTER(ctypes.c_int)
+    lib.run.argtypes = [P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    pool = parfor._shared()[0]
+    wake = wake_step()
+    assert wake.native == (parfor._shared()[3], 0)
+    used = {}
+    pool.pf_pool_spin(2_000_000_000)
+    try:
+        for _ in range(2):
+            _run(lib, 1 << 14, 2, calls=4)
+            lib.call_hush()
+            time.sleep(0.05)  # the worker is asleep now
+            for woken in (False, True):
+                if woken:
+                    wake()
+                t0 = time.process_time()
+                time.sleep(0.3)
+                used.setdefault(woken, []).append(time.process_time() - t0)
+    finally:
+        pool.pf_pool_spin(spin_us() * 1000)
+        lib.call_hush()
+    assert max(used[True]) > 0.1, f"the woken worker did not spin ({used})"
+    assert max(used[False]) < 0.5 * max(used[True]), f"the hushed worker did not sleep ({used})"

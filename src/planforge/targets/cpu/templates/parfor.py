@@ -65,6 +65,7 @@ import ctypes
 import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 PARFOR_C = r"""
 #include <pthread.h>
@@ -258,6 +259,14 @@ __attribute__((visibility("default"))) void pf_pool_parfor(int n, int threads, p
 
 __attribute__((visibility("default"))) void pf_pool_spin(long ns) { pf_spin_ns = ns; }
 
+/* a chain of steps calls this where a part begins: workers asleep wake now (their spin starts again), not at
+   the part's first parallel loop, which would otherwise run alone for the tens of microseconds a wake takes */
+__attribute__((visibility("default"))) void pf_pool_wake(void *unused) {
+    (void)unused;
+    if (atomic_load(&pf_st.sleepers) > 0)
+        syscall(SYS_futex, &pf_st.call, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
 /* a kernel with a pinned pool of its own (``pool.py``) calls this first: spinning workers go to sleep */
 __attribute__((visibility("default"))) void pf_pool_hush(void) {
     atomic_fetch_add_explicit(&pf_hushes, 1, memory_order_relaxed);
@@ -298,13 +307,27 @@ def _shared() -> tuple:
             lib.pf_pool_spin.argtypes = [ctypes.c_long]
             lib.pf_pool_spin(spin_us() * 1000)
             _pool.append((lib, *(ctypes.cast(f, ctypes.c_void_p).value for f in (lib.pf_pool_parfor,
-                                                                                  lib.pf_pool_hush))))
+                                                                                  lib.pf_pool_hush,
+                                                                                  lib.pf_pool_wake))))
         return _pool[0]
 
 
 def shared_pool() -> int:
     """The address of this process's shared ``pf_pool_parfor`` (built and loaded at the first call)."""
     return _shared()[1]
+
+
+def wake_step() -> Callable[[], None]:
+    """A plan step that wakes the shared pool's sleeping workers (``pf_pool_wake``): a callable, with ``native``
+    (its C function and argument) for a compiled chain of steps."""
+    lib, *_, addr = _shared()
+    fn = lib.pf_pool_wake
+    fn.argtypes = [ctypes.c_void_p]
+
+    def wake():
+        fn(None)
+    wake.native = (addr, 0)
+    return wake
 
 
 def open_library(path: str | Path) -> ctypes.CDLL:
