@@ -158,14 +158,36 @@ class NoPlan(Exception):
     """A model whose tuning wrote no spec."""
 
 
-def runners(name: str, size: int, budget: int, compile_: bool, tmp: Path, keep: str = "",
-            spec: str = "") -> tuple[dict, dict]:
+def onnx_runtime(m: nn.Module, x: torch.Tensor, onnx_path: Path, threads: int):
+    """``m`` exported to ``onnx_path`` (opset 17) and ONNX Runtime's call of it on ``x`` with ``threads`` intra-op
+    threads, as a zero-argument function; None when onnxruntime is not installed (the file is written anyway)."""
+    torch.onnx.export(m, (x,), str(onnx_path), input_names=["x"], opset_version=17, dynamo=False)
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+    xn = x.numpy()
+    return lambda: sess.run(None, {"x": xn})
+
+
+def model_and_input(name: str, size: int) -> tuple[nn.Module, torch.Tensor, np.ndarray]:
+    """Model ``name`` with its seeded random weights and batch-norm statistics, its 1x3xSIZExSIZE input, and
+    torch's output on it."""
     torch.manual_seed(0)
     m = _bn_random(MODELS[name]())
     x = torch.randn(1, 3, size, size)
-    xn = x.numpy()
     with torch.inference_mode():
         want = m(x).numpy()
+    return m, x, want
+
+
+def runners(name: str, size: int, budget: int, compile_: bool, tmp: Path, keep: str = "",
+            spec: str = "") -> tuple[dict, dict]:
+    m, x, want = model_and_input(name, size)
+    xn = x.numpy()
     fns, info = {}, {}
     # every runtime gets the CPUs this process may use (under taskset, one): their defaults count the machine's
     threads = len(os.sched_getaffinity(0))
@@ -186,15 +208,10 @@ def runners(name: str, size: int, budget: int, compile_: bool, tmp: Path, keep: 
                 return cm(v)
         fns["torch.compile"] = compiled
     onnx_path = tmp / f"{name}-{size}.onnx"
-    torch.onnx.export(m, (x,), str(onnx_path), input_names=["x"], opset_version=17, dynamo=False)
-    try:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
-        fns["ONNX Runtime"] = lambda: sess.run(None, {"x": xn})
-    except ImportError:
+    ort_run = onnx_runtime(m, x, onnx_path, threads)
+    if ort_run is not None:
+        fns["ONNX Runtime"] = ort_run
+    else:
         info["onnxruntime"] = "not installed"
     try:
         import openvino as ov

@@ -19,7 +19,7 @@ import numpy as np
 from ...ir import Graph
 from ...ops import LIBRARIES, REGISTRY
 from ...ops.pool import geometry as pool_geometry
-from .templates import TEMPLATES, maxpool
+from .templates import TEMPLATES, maxpool, passes
 from .templates.parfor import open_library, wake_step
 from .templates.scratch import aligned_zeros, share
 
@@ -44,21 +44,38 @@ COMPILED_POOLS = {"maxpool2d": False, "maxpool2d_nhwc": True}
 # steps longer than the pool's spin found its worker asleep and ran its first parallel loop alone for the wake's
 # tens of microseconds (MobileNetV3-small 96 whole call 0.718 against 0.736 ms, MobileNetV2 1.062 against 1.077)
 WAKE_PARTS = True
+# the global mean, broadcast multiply and transpose library steps as compiled passes (``templates/passes.py``)
+COMPILED_PASSES = True
 
 
 def lib_step(kind: str, attr: str, ins: list[np.ndarray], out: np.ndarray) -> Callable[[], None]:
-    """The library implementation ``kind`` (an op's, from the registry) bound to ``ins`` and ``out``; a max pool
-    as this target's compiled pass (``templates/maxpool.py``) where it builds."""
+    """The library implementation ``kind`` (an op's, from the registry) bound to ``ins`` and ``out``; a max pool,
+    a global mean, a broadcast multiply or a transpose as this target's compiled pass (``templates/maxpool.py``,
+    ``templates/passes.py``) where it has one and it builds."""
     hit = LIBRARIES.get(kind)
     if hit is None:
         raise PlanError(f"no library implementation of {kind!r}")
     op, lib = hit
     attrs = op.from_egg(attr)
+    return compiled_step(kind, attrs, ins, out) or lib.step(ins, out, attrs)
+
+
+def compiled_step(kind: str, attrs: dict, ins: list[np.ndarray], out: np.ndarray) -> Callable[[], None] | None:
+    """The library step ``kind`` as this target's compiled pass, where it has one for these arrays and it builds
+    (a native step, so that a chain's run of compiled steps does not break at it); None otherwise."""
     if kind in COMPILED_POOLS:
-        fast = maxpool.bind(ins[0], out, pool_geometry(attrs), COMPILED_POOLS[kind])
-        if fast is not None:
-            return fast
-    return lib.step(ins, out, attrs)
+        return maxpool.bind(ins[0], out, pool_geometry(attrs), COMPILED_POOLS[kind])
+    if not COMPILED_PASSES:
+        return None
+    if kind == "global_avg_pool_nhwc":
+        return passes.bind_mean(ins[0], out, nhwc=True)
+    if kind == "adaptive_avg_pool2d" and tuple(attrs["out"]) == (1, 1):
+        return passes.bind_mean(ins[0], out, nhwc=False)
+    if kind == "multiply":
+        return passes.bind_mul(ins[0], ins[1], out)
+    if kind == "transpose":
+        return passes.bind_transpose(ins[0], out, attrs.get("perm"))
+    return None
 
 
 def template_step(problem, knobs: dict, lib: ctypes.CDLL, ins: list[np.ndarray], out: np.ndarray,
