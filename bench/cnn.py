@@ -11,7 +11,7 @@ torch first. Ratios are planforge over the fastest of ONNX Runtime and OpenVINO 
 MobileNet at 96x96 at 0.8).
 
 Run: ``.venv/bin/python bench/cnn.py [--models resnet18,mobilenet_v2,mobilenet_v3_small] [--sizes 224,96]
-[--budget 24] [--rounds 9] [--no-compile] [--json out.json]``
+[--budget 64] [--rounds 9] [--no-compile] [--json out.json]``
 """
 from __future__ import annotations
 
@@ -286,7 +286,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--sizes", default="224,96")
-    ap.add_argument("--budget", type=int, default=24)
+    ap.add_argument("--budget", type=int, default=64, help="evaluations per model (default 64: planforge tune's own)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", default="")
