@@ -282,6 +282,33 @@ def profile(plan, xn, reps: int = 15) -> list[tuple[float, str]]:
     return sorted(rows, reverse=True)
 
 
+def ort_profile(onnx_path: Path, xn: np.ndarray, threads: int, reps: int = 50) -> list[tuple[float, str]]:
+    """ONNX Runtime's own per-node profile of ``reps`` calls (``enable_profiling``): each node's mean time (s)
+    and its op type and name, slowest first, to set beside ``profile``'s steps."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.enable_profiling = True
+    so.profile_file_prefix = str(onnx_path.with_suffix(""))
+    sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+    for _ in range(5):
+        sess.run(None, {"x": xn})
+    for _ in range(reps):
+        sess.run(None, {"x": xn})
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    warm = sorted(e["ts"] for e in events if e.get("name") == "model_run")[5:6]  # the first timed run's start
+    totals: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        if warm and e["ts"] < warm[0]:
+            continue
+        label = f"{e.get('args', {}).get('op_name', '?')} {e['name'][:-len('_kernel_time')]}"
+        totals[label] = totals.get(label, 0.0) + e["dur"] * 1e-6
+    return sorted(((t / reps, k) for k, t in totals.items()), reverse=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
@@ -292,7 +319,8 @@ def main(argv=None):
     ap.add_argument("--json", default="")
     ap.add_argument("--keep", default="", help="write the tuning outputs (spec, report) under this folder")
     ap.add_argument("--spec", default="", help="load the plans a --keep run wrote there instead of tuning")
-    ap.add_argument("--profile", action="store_true", help="print each tuned step's median time, slowest first")
+    ap.add_argument("--profile", action="store_true",
+                    help="print each tuned step's median time, slowest first, then ONNX Runtime's per-node profile")
     args = ap.parse_args(argv)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -319,6 +347,16 @@ def main(argv=None):
                 for k, v in med.items():
                     print(f"  {k:14s} {v * 1e3:9.3f} ms   planforge / it = {med['planforge'] / v:.2f}")
                 print(f"  planforge / fastest of ONNX Runtime and OpenVINO: {ratio:.2f}", flush=True)
+                if args.profile:  # after the timing: a profiling session's threads slowed every runner timed after it
+                    try:
+                        nodes = ort_profile(Path(tmp) / f"{name}-{size}.onnx", np.random.default_rng(0).standard_normal(
+                            (1, 3, size, size), np.float32), info["threads"])
+                    except ImportError:
+                        nodes = []
+                    if nodes:
+                        print(f"\n{name} {size}: ONNX Runtime's nodes, sum {sum(t for t, _ in nodes) * 1e3:.2f} ms")
+                        for t, label in nodes:
+                            print(f"  {t * 1e3:8.3f} ms  {label}")
                 out[f"{name}-{size}"] = {"median_s": med, "ratio_vs_fastest_runtime": ratio, **info}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
