@@ -102,9 +102,12 @@ def test_bandwidth_ordered(prof):
             read = {lvl: r for lvl, r in read.items()
                     if not any(f"{lvl} read on {prof.threads} threads" in n for n in prof.notes)}
         read = {lvl: r for lvl, r in read.items() if r is not None}
-        # Levels far apart are ordered strictly: L1 and L2 read faster than DRAM, L2 faster than L3.
-        for hi, lo in (("L1", "DRAM"), ("L2", "DRAM"), ("L2", "L3")):
+        # Levels far apart are ordered strictly: L1 and L2 read faster than DRAM.
+        for hi, lo in (("L1", "DRAM"), ("L2", "DRAM")):
             assert hi not in read or lo not in read or read[hi] >= read[lo], read
+        # L2 and L3 can be neighbours: 256-bit loads on a Zen 4 (PLANFORGE_ISA=avx2) read both at what the load
+        # ports take (194 and 196 GB/s in one quick probe), so L2 is ordered beyond that noise only.
+        assert "L2" not in read or "L3" not in read or read["L2"] >= 0.8 * read["L3"], read
         # Neighbours can be close, and then a quick probe on a shared machine puts either first: 256-bit
         # loads (PLANFORGE_ISA=avx2 on a Sapphire Rapids) read L1 at 64 B/cycle, what L2 delivers, so L1
         # is ordered beyond that noise only. L3 and DRAM are not ordered at all: an L3 shared with other
