@@ -33,6 +33,7 @@ from .common import struct_call
 from .parfor import PARFOR_C, open_library
 
 PAR_WORK = 1 << 16  # floats per thread below which a pass stays on fewer threads
+MEAN_BLOCK = 64  # channels per block of the NHWC mean (the unit its parallel loop splits)
 SHORT = 16  # an output whose last axis is shorter than this is written in the input's order (``permute``),
 INTERLEAVE = 4  # unless it is this short and interleaves rows the input holds whole (unrolled: 2 us, not 8)
 
@@ -58,7 +59,7 @@ typedef struct { const float *x; float *y; int N, R, C, planes, threads; float i
 typedef struct { const float *x; const float *s; float *y; int A, R, B, sa, threads; } mul_args;
 typedef struct { const float *x; float *y; long n[4], ys[4], xs[4]; int threads; } perm_args;
 
-#define CB 64  /* channels per block of the NHWC mean: one row of sums held while the rows stream by */
+#define CB @MEAN_BLOCK@  /* channels per block of the NHWC mean: one row of sums held while the rows stream by */
 
 static void mean_rows(const void *ctx, int lo, int hi) {  /* blocks [lo, hi) of N x ceil(C / CB) */
     const mean_args *a = (const mean_args *)ctx;
@@ -156,7 +157,7 @@ static void perm_outer(const void *ctx, int lo, int hi) {  /* indices [lo, hi) o
 }
 
 void pf_permute(const perm_args *a) { pf_parfor((int)a->n[0], a->threads, perm_outer, a); }
-"""
+""".replace("@MEAN_BLOCK@", str(MEAN_BLOCK))
 
 _lib: list = []
 
@@ -192,7 +193,7 @@ def bind_mean(x: np.ndarray, out: np.ndarray, nhwc: bool) -> Callable[[], None] 
         n, c, h, w = x.shape
     if out.size != n * c or h * w == 0:
         return None
-    outer = n * c if not nhwc else n * -(-c // 64)
+    outer = n * c if not nhwc else n * -(-c // MEAN_BLOCK)
     args = MeanArgs(x.ctypes.data, out.ctypes.data, n, h * w, c, int(not nhwc), _threads(x.size, outer),
                     1.0 / (h * w))
     return struct_call(lib.pf_mean, args, (x, out))
