@@ -591,11 +591,10 @@ def test_a_partitioned_mobilenet_like_cnn_runs_nhwc_from_its_input_to_its_classi
     chain = res.plan.plan
     for (p, _, _), (q, _, _) in zip(chain.parts, chain.parts[1:]):
         assert q._in[0][1] is p.out_views[0]
-    # so the chain is one run of steps, each run of compiled steps one call of a compiled runner;
+    # so the chain is one run of steps; every step is native, the transposes, global means and squeeze-excite
+    # multiplies too (compiled passes), so the whole chain is one call of a compiled runner
     assert chain._flat is not None
     steps = [f for p, _, _ in chain.parts for f in p.steps]
-    # every step is native, the transposes, global means and squeeze-excite multiplies too (compiled passes):
-    # the whole chain is one call
     assert [f for f in steps if getattr(f, "native", None) is None] == []
     assert len(chain._calls) == 1
     x2 = torch.randn(1, 3, 16, 16)  # and a second call on other values is right too (nothing stale between parts)

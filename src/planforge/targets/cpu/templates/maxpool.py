@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from .common import struct_call
-from .parfor import PARFOR_C, open_library
+from .parfor import PARFOR_C, built_library
 
 _FIELDS = ("N", "C", "H", "W", "OH", "OW", "KH", "KW", "SH", "SW", "PT", "PL", "DH", "DW", "nhwc", "threads")
 PAR_WORK = 1 << 18  # window taps (outputs x taps) per thread below which a pool stays on fewer threads
@@ -110,28 +110,14 @@ void pf_maxpool(const pool_args *a) {
 }
 """
 
-_lib: list = []
-
-
-def _library() -> ctypes.CDLL:
-    if not _lib:
-        from ..build import build
-
-        _lib.append(open_library(build(SOURCE).path))
-    return _lib[0]
-
-
 def bind(x: np.ndarray, out: np.ndarray, geom: tuple[int, ...], nhwc: bool) -> Callable[[], None] | None:
     """``out`` = the max pool of ``x`` (fp32, C-contiguous; NCHW, or NHWC when ``nhwc``) with ``geom`` (kh, kw,
     sh, sw, pt, pl, pb, pr, dh, dw) as a no-argument call; None where the arrays are not fp32 C-contiguous or
     no compiler is here (the caller's numpy step stays)."""
-    from ..build import BuildError, CompilerMissing
-
     if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (x, out)):
         return None
-    try:
-        lib = _library()
-    except (BuildError, CompilerMissing, OSError):
+    lib = built_library(SOURCE)
+    if lib is None:
         return None
     kh, kw, sh, sw, pt, pl, _, _, dh, dw = geom
     if nhwc:

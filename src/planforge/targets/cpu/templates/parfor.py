@@ -346,3 +346,20 @@ def open_library(path: str | Path) -> ctypes.CDLL:
 
 
 __all__ = ["PARFOR_C", "open_library", "shared_pool", "spin_us", "PoolError"]
+
+
+_built: dict[str, ctypes.CDLL | None] = {}
+
+
+def built_library(source: str) -> ctypes.CDLL | None:
+    """``source`` (a compiled pass's C, ``PARFOR_C`` included) built once per process and opened with
+    ``open_library``; None where it cannot be built here (no compiler, a build error), and a failed build is not
+    tried again: the caller keeps its numpy step."""
+    from ..build import BuildError, CompilerMissing, build
+
+    if source not in _built:
+        try:
+            _built[source] = open_library(build(source).path)
+        except (BuildError, CompilerMissing, OSError):
+            _built[source] = None
+    return _built[source]

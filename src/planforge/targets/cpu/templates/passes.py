@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .common import struct_call
-from .parfor import PARFOR_C, open_library
+from .parfor import PARFOR_C, built_library
 
 PAR_WORK = 1 << 16  # floats per thread below which a pass stays on fewer threads
 MEAN_BLOCK = 64  # channels per block of the NHWC mean (the unit its parallel loop splits)
@@ -159,20 +159,6 @@ static void perm_outer(const void *ctx, int lo, int hi) {  /* indices [lo, hi) o
 void pf_permute(const perm_args *a) { pf_parfor((int)a->n[0], a->threads, perm_outer, a); }
 """.replace("@MEAN_BLOCK@", str(MEAN_BLOCK))
 
-_lib: list = []
-
-
-def _library() -> ctypes.CDLL | None:
-    from ..build import BuildError, CompilerMissing, build
-
-    if not _lib:
-        try:
-            _lib.append(open_library(build(SOURCE).path))
-        except (BuildError, CompilerMissing, OSError):
-            _lib.append(None)
-    return _lib[0]
-
-
 def _fits(*arrays: np.ndarray) -> bool:
     return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
 
@@ -184,7 +170,7 @@ def _threads(floats: int, outer: int) -> int:
 def bind_mean(x: np.ndarray, out: np.ndarray, nhwc: bool) -> Callable[[], None] | None:
     """``out`` = the mean of ``x`` over H and W: ``x`` is ``[N, H, W, C]`` when ``nhwc`` (``out`` N x C floats,
     any shape), else ``[N, C, H, W]``."""
-    lib = _library() if x.ndim == 4 and _fits(x, out) else None
+    lib = built_library(SOURCE) if x.ndim == 4 and _fits(x, out) else None
     if lib is None:
         return None
     if nhwc:
@@ -236,7 +222,7 @@ def bind_mul(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> Callable[[], None
     if x.shape != out.shape:
         x, y = y, x
     shape = broadcast_rows(out.shape, y.shape) if x.shape == out.shape else None
-    lib = _library() if shape is not None and _fits(x, y, out) else None
+    lib = built_library(SOURCE) if shape is not None and _fits(x, y, out) else None
     if lib is None or out.size == 0:
         return None
     a, r, b, per_a = shape
@@ -270,7 +256,7 @@ def bind_transpose(x: np.ndarray, out: np.ndarray, perm: Sequence[int] | None) -
     """``out`` = ``np.transpose(x, perm)`` (``perm`` None: reversed) for up to four axes."""
     perm = tuple(perm) if perm else tuple(reversed(range(x.ndim)))
     fits = 1 <= x.ndim <= 4 and sorted(perm) == list(range(x.ndim)) and _fits(x, out) and out.size == x.size
-    lib = _library() if fits and x.size else None
+    lib = built_library(SOURCE) if fits and x.size else None
     if lib is None:
         return None
     n, ys, xs = loop_nest(x.shape, perm)
