@@ -84,9 +84,13 @@ def test_the_analytic_model_bounds_and_ranks_the_tiles(op, d, epi):
     m = AnalyticModel(op, d, epi, flops(p), ceilings(), space, False, Lim.vector_registers)
     cands = [space.sample(random.Random(i)) for i in range(200)]
     e = m.estimate(cands)
-    assert np.all(e.predicted_s >= e.bound_s) and np.all(e.bound_s >= flops(p) / (200e9 * 2) * (1 - 1e-9))
+    # the direct template's points execute every multiply-add of the problem (a Winograd form fewer: its own
+    # bound is tested in test_winograd.py)
+    direct = np.array([c.as_dict().get("algo", "direct") == "direct" for c in cands])
+    assert np.all(e.predicted_s >= e.bound_s) and np.all(e.bound_s[direct] >= flops(p) / (200e9 * 2) * (1 - 1e-9))
     base = {"vec": 16, "unroll": 1, "threads": 1,
-            **({"cbv": 1} if op == "dwconv" else {"ob": 1, "cb": 64, "order": 0, "pf": 0})}
+            **({"cbv": 1} if op == "dwconv" else {"ob": 1, "cb": 64, "order": 0, "pf": 0}),
+            **({"algo": "direct", "tb": 8} if "algo" in space.names else {})}
     small, big = space.make({**base, "owb": 1}), space.make({**base, "owb": 4, ("cbv" if op == "dwconv" else "ob"): 2})
     slow, fast = m.predict([small, big])
     assert slow > 1.5 * fast

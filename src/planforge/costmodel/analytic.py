@@ -40,6 +40,7 @@ import numpy as np
 
 from ..quant import bytes_per_weight
 from ..space import Candidate, Space
+from ..targets.cpu.templates import winograd as WINOGRAD
 from ..targets.target import LEVELS, Ceilings, Target
 from .columns import columns
 
@@ -548,8 +549,64 @@ def _conv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
         part = 2.0 * F32 * OW * G * _ceil(Og, vec) * vec * (blocks - 1)
         _add(traffic, c.home(F32 * OW * O, T, per_thread=True), rows_t * part)
     extra = {"ilp": ilp, "loads_per_fma": loads, "waste": flops * active / np.maximum(1.0, m.useful * 1.0) - 1.0}
+    if "algo" in k:  # the Winograd forms of a 3x3 layer (templates/winograd.py) replace their points' figures
+        algo = np.asarray(k["algo"], dtype=object)
+        for name, wm in WINOGRAD.ALGOS.items():
+            sel = algo == name
+            if sel.any():
+                w = _winograd(m, k, wm, res)
+                flops, compute_lb, compute_pred, active = (np.where(sel, w[key], old) for key, old in (
+                    ("flops", flops), ("compute_lb", compute_lb), ("compute_pred", compute_pred), ("active", active)))
+                foot = np.where(sel, w["foot"], foot)
+                for lvl in set(traffic) | set(w["traffic"]):
+                    traffic[lvl] = np.where(sel, w["traffic"].get(lvl, 0.0), traffic.get(lvl, 0.0))
+                extra["waste"] = np.where(sel, 0.0, extra["waste"])
     return _finish(m, n, flops=flops, threads=T, active=active, compute_lb=compute_lb, compute_pred=compute_pred,
                    traffic=traffic, compulsory=foot, extra=extra)
+
+
+def _winograd(m: AnalyticModel, k: Mapping[str, np.ndarray], wm: int, res: bool) -> dict[str, Any]:
+    """The Winograd F(wm x wm, 3x3) form of every point: t^2 GEMMs of [tiles, C] x [C, O] in register tiles of
+    ``owb`` tiles x ``ob`` vectors, plus the two transforms; work split in units of (block of ``tb`` tiles, share of
+    the output-channel blocks). The bound counts only the GEMMs' multiply-adds on real tiles and channels (the
+    problem's useful FLOPs overstate what this form must execute, so they cannot bound it)."""
+    c = m.ceil
+    N, C, H, W, O = m.dims[:5]
+    g = {"N": N, "C": C, "O": O, "OH": H + m.dims[9] + m.dims[11] - 2, "OW": W + m.dims[10] + m.dims[12] - 2}
+    vec, mr, ob, tb = (np.asarray(k[x], dtype=np.int64) for x in ("vec", "owb", "ob", "tb"))
+    T = np.asarray(k["threads"], dtype=np.int64)
+    obw = ob * vec
+    f = WINOGRAD.executed_flops(g, wm, tb, mr, obw)
+    nt = WINOGRAD.tiles(g, wm)
+    nblk = _ceil(nt, np.minimum(tb, nt))
+    nob = _ceil(O, obw)
+    split = np.where(nblk >= 2 * T, 1, np.minimum(nob, _ceil(2 * T, nblk)))
+    units = nblk * split
+    active = np.minimum(T, units)
+    share = _ceil(units, T) / units  # the slowest thread's share of the work
+    tin, _ = WINOGRAD.op_counts(wm)
+    tf = f["transform"] + (split - 1) * float(nt) * C * tin  # each share of a block transforms its input again
+    ilp = np.minimum(1.0, mr * ob / FMA_CHAINS)
+    loads = (mr + ob) / (mr * ob)
+    small = np.sqrt(np.maximum(1.0, CONV_TILE_ACC / (mr * ob)))
+    rate = c.rate_est(vec)
+    # a transform's vector operation (an add, a load, a store) issues at two a cycle where an FMA counts two FLOPs
+    # a lane at two a cycle: a FLOP per lane of a transform costs two of the FMA's
+    compute_pred = share * (f["gemm"] * np.maximum(1.0, loads) * small / (rate * ilp) + 2.0 * tf / rate)
+    compute_lb = f["gemm_useful"] / active / c.rate_bound(vec)
+    x_b, y_b = F32 * N * C * H * W, F32 * N * O * g["OH"] * g["OW"]
+    u_b = WINOGRAD.weight_bytes(g, wm, obw)
+    foot = x_b + u_b + y_b * (2 if res else 1)
+    traffic: dict[str, np.ndarray] = {}
+    home = c.home(foot, active) if not m.cold else np.full(len(vec), LEVELS.index("DRAM"))
+    _add(traffic, home, foot * share)
+    # every unit streams its share of the transformed weights; after the first pass they come from where they fit
+    _add(traffic, c.home(u_b, T), np.maximum(0, units * share - 1) * u_b / split)
+    # a block's transformed input, written once, read by each of its output-channel blocks' GEMMs
+    vs_b = WINOGRAD.scratch_bytes(g, wm, np.minimum(tb, nt))
+    _add(traffic, c.home(vs_b, T, per_thread=True), units * share * vs_b * (1 + nob / split))
+    return {"flops": f["gemm"] + tf, "compute_lb": compute_lb, "compute_pred": compute_pred, "active": active,
+            "foot": foot, "traffic": traffic}
 
 
 _MODELS = {"gemm": _gemm, "gemv": _gemv, "softmax": _rowwise, "layernorm": _rowwise, "eltwise": _rowwise,

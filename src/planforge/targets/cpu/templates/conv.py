@@ -44,6 +44,7 @@ from .epilogues import U32
 from .facts import Facts
 from .parfor import PARFOR_C
 from .scratch import Scratch, aligned_zeros
+from . import winograd
 
 
 # floats past the end of every packed buffer: a tile's last vectors may read (never use) up to 4 x 16 beyond
@@ -106,8 +107,15 @@ def space(p, lim) -> Space:
         return Space([*common, categorical("cbv", (1, 2, 3, 4))],
                      [*shared, "owb * cbv + 2 * cbv + 1 <= vregs", "cbv * vec <= max(vec, c + vec - 1)"],
                      constants=consts)
-    return Space([*common, categorical("ob", (1, 2, 3, 4)), pow2("cb", 8, 1024), categorical("order", (0, 1, 2)),
-                  categorical("pf", (0, 1024, 4096))],
+    wino = winograd.applies(g, conv_epilogue(p)[0])
+    # restrictions of the direct template alone (the Winograd forms pin its knobs instead: see _wino_rules)
+    direct = (lambda r: f"algo != 'direct' or ({r})") if wino else (lambda r: r)
+    knobs = [*common, categorical("ob", (1, 2, 3, 4)), pow2("cb", 8, 1024), categorical("order", (0, 1, 2)),
+             categorical("pf", (0, 1024, 4096))]
+    if wino:
+        knobs += [categorical("algo", ("direct", *winograd.ALGOS)), categorical("tb", winograd.TILE_BLOCKS)]
+        consts.update({f"tiles{m}": winograd.tiles(g, m) for m in winograd.ALGOS.values()})
+    return Space(knobs,
                  [*shared,
                   # channel blocks outermost: no more threads than blocks of ob * vec output channels
                   "order == 0 or threads * ob * vec <= o + ob * vec - 1",
@@ -115,7 +123,7 @@ def space(p, lim) -> Space:
                   # that each row reads them from the L3 again. ResNet-18's 256-channel 3x3 at 6x6 (2.4 MB of weights),
                   # two threads, in one process: 0.58 ms channel blocks outermost against 0.68 rows outermost hot, 0.55
                   # against 0.69 with the L2 swept before each call; its tuned plan had picked rows outermost twice
-                  "order != 0 or 2 * wbytes <= l2_bytes or rows == 1",
+                  direct("order != 0 or 2 * wbytes <= l2_bytes or rows == 1"),
                   # input-channel blocks outside the rows: more than one block, and every row's partial sums (the
                   # plane buffer) in half the L2
                   "order != 2 or (cb < cg and rows > 1 and rows * (ow + owb + 1) * (o + 5 * vec) * 8 <= l2_bytes)",
@@ -131,9 +139,30 @@ def space(p, lim) -> Space:
                   "ob * vec <= max(vec, og + vec - 1)",
                   # one block's weights for one tile stay in L1, the row's partial sums in L2
                   "cb * k * ob * vec * 4 <= l1_bytes or cb == 8",
-                  "(ow + owb) * og * 4 <= l2_bytes",
-                  "cb < 2 * cg or cb == 8"],
+                  direct("(ow + owb) * og * 4 <= l2_bytes"),
+                  "cb < 2 * cg or cb == 8",
+                  *(_WINO_RULES if wino else [])],
                  constants=consts)
+
+
+# The Winograd forms (``algo`` wino2 / wino4, templates/winograd.py): the direct template's loop-order, channel-block
+# and prefetch knobs pinned to one value each and ``tb`` (tiles per block) to its first for the direct template, so
+# that no setting is counted twice; a register tile of ``owb`` tiles no larger than a block; no block of tiles
+# past the first that covers every tile; and a thread's transformed input block in half the L2 (each output-channel
+# block's GEMMs read it again)
+MIN_TILES = 16
+_WINO_RULES = [
+    "algo == 'direct' or (order == 0 and pf == 0 and cb == 8)",
+    "algo != 'direct' or tb == 8",
+    "algo == 'direct' or owb <= tb",
+    "algo == 'direct' or tb == 8 or tb < 2 * (tiles2 if algo == 'wino2' else tiles4)",
+    # each transformed weight (t^2 / 9 times the direct template's bytes) used by enough tiles: a deep layer of a
+    # small image (ResNet-18 at 96x96: 512 channels at 3x3, 4 tiles of 2x2) reads 1.8-4x the weights for the few
+    # products it saves, and in a whole call those weights come from memory (the task measured alone has them in
+    # the L3, which would flatter the Winograd form)
+    f"algo == 'direct' or (tiles2 if algo == 'wino2' else tiles4) >= {MIN_TILES}",
+    "algo == 'direct' or (16 if algo == 'wino2' else 36) * tb * c * 4 * 2 <= l2_bytes",
+]
 
 
 def defaults(p, lim) -> dict[str, Any]:
@@ -168,8 +197,11 @@ def defaults(p, lim) -> dict[str, Any]:
         order = 2
     # software prefetch 16 KiB ahead in the weight stream where it comes from memory (512 channels at 3x3, cold
     # caches: 1.60-1.80 ms from 1.75-2.16 without, measured alone on one thread)
-    return {"vec": vec, "owb": owb, "ob": ob, "cb": cb, "unroll": 2, "threads": threads, "order": order,
-            "pf": 4096 if order else 0}
+    d = {"vec": vec, "owb": owb, "ob": ob, "cb": cb, "unroll": 2, "threads": threads, "order": order,
+         "pf": 4096 if order else 0}
+    if winograd.applies(g, conv_epilogue(p)[0]):  # the direct template first; the search measures the others
+        d.update(algo="direct", tb=winograd.TILE_BLOCKS[0])
+    return d
 
 
 # -- C ------------------------------------------------------------------------------------------------------------
@@ -616,6 +648,10 @@ void pf_conv(const conv_args *args) {
 def source(p, knobs: dict[str, Any]) -> str:
     _, _, steps = conv_epilogue(p)
     vec_ops, sc_ops = _steps_c(steps)
+    if winograd.tile_m(knobs):
+        return (_defs(p, knobs) + f"#define SLACK {SLACK}\n" + header() + PARFOR_C
+                + winograd.source(winograd.tile_m(knobs), knobs,
+                                  lambda acc, y, ch, lanes: _store(acc, y, ch, lanes, vec_ops, sc_ops)))
     if p.op == "dwconv" and _reads_in_place(p, geometry(p), knobs):
         tile = _tile_dw_in_place(knobs["cbv"], knobs["owb"], knobs["unroll"], vec_ops, sc_ops, geometry(p))
     elif p.op == "dwconv":
@@ -666,7 +702,12 @@ def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
     w = np.asarray(inputs["w"], np.float32).reshape(O, Cg, KH, KW)
     scale = np.asarray(inputs["scale"], np.float32).reshape(O)
     shift = np.asarray(inputs["shift"], np.float32).reshape(O)
-    if p.op == "dwconv":
+    if winograd.tile_m(knobs):  # the transformed weights, [t*t][blocks of ob vectors][C][ob * V]
+        cp, obw = C, _obv(knobs) * V
+        wp = winograd.pack(w, winograd.tile_m(knobs), obw, SLACK)
+        sc, sh = (aligned_zeros(-(-O // obw) * obw + SLACK) for _ in range(2))
+        sc[:O], sh[:O] = scale, shift
+    elif p.op == "dwconv":
         cp = -(-C // V) * V
         wp = aligned_zeros(KH * KW * cp + SLACK)
         wp[:KH * KW * cp].reshape(KH, KW, cp)[:, :, :C] = np.transpose(w[:, 0], (1, 2, 0))
@@ -689,7 +730,7 @@ def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
         for k in range(G):
             sc[k * ogp: k * ogp + Og] = scale[k * Og:(k + 1) * Og]
             sh[k * ogp: k * ogp + Og] = shift[k * Og:(k + 1) * Og]
-    wpad = 0 if _reads_in_place(p, g, knobs) else _padded_width(p, g, knobs)
+    wpad = 0 if winograd.tile_m(knobs) or _reads_in_place(p, g, knobs) else _padded_width(p, g, knobs)
     layout, _, steps = conv_epilogue(p)
     nchw = layout == "nchw"
     res = inputs.get("res")
