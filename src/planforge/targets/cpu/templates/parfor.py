@@ -137,6 +137,10 @@ static void pf_claim(uint32_t call, int me, int homes) {
 
 static long pf_spin_ns;  /* how long an idle worker spins before it sleeps (the shared pool's; 0 here) */
 static atomic_uint pf_hushes;  /* bumped by ``pf_pool_hush``: a spinning worker then sleeps at once */
+/* pf_hushes when the latest call (or wake) was published: a hush since then puts a worker to sleep, also one that
+   starts spinning only after the hush (a worker late to see the call it spins after, on a loaded machine, missed
+   the hush and spun its whole time while the pinned pool that hushed it ran) */
+static atomic_uint pf_hush_ref;
 
 /* spin up to pf_spin_ns for the call number to move on from ``seen``: 1 if it did; 0 when the time is up or
    the pool was hushed meanwhile */
@@ -144,7 +148,8 @@ static int pf_spin(unsigned seen) {
     if (pf_spin_ns <= 0) return 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    unsigned hushed = atomic_load_explicit(&pf_hushes, memory_order_relaxed);
+    const unsigned hushed = atomic_load_explicit(&pf_hush_ref, memory_order_relaxed);
+    if (atomic_load_explicit(&pf_hushes, memory_order_relaxed) != hushed) return 0;
     for (unsigned k = 1;; k++) {
         if (atomic_load_explicit(&pf_st.call, memory_order_acquire) != seen) return 1;
         pf_relax();
@@ -231,6 +236,7 @@ static void pf_own_parfor(int n, int threads, pf_fn fn, const void *ctx) {
         uint64_t lo = (uint64_t)chunks * k / threads, hi = (uint64_t)chunks * (k + 1) / threads;
         atomic_store_explicit(&pf_st.home[k].w, ((uint64_t)call << 40) | (lo << 20) | hi, memory_order_release);
     }
+    atomic_store_explicit(&pf_hush_ref, atomic_load_explicit(&pf_hushes, memory_order_relaxed), memory_order_relaxed);
     atomic_store(&pf_st.call, call);
     if (atomic_load(&pf_st.sleepers) > 0)
         syscall(SYS_futex, &pf_st.call, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
@@ -263,6 +269,7 @@ __attribute__((visibility("default"))) void pf_pool_spin(long ns) { pf_spin_ns =
    the part's first parallel loop, which would otherwise run alone for the tens of microseconds a wake takes */
 __attribute__((visibility("default"))) void pf_pool_wake(void *unused) {
     (void)unused;
+    atomic_store_explicit(&pf_hush_ref, atomic_load_explicit(&pf_hushes, memory_order_relaxed), memory_order_relaxed);
     if (atomic_load(&pf_st.sleepers) > 0)
         syscall(SYS_futex, &pf_st.call, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
