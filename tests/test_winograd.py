@@ -45,9 +45,10 @@ def _winograd_points(space, algo, n, seed, **fixed):
 
 
 CASES = [  # (dims, epilogue, the algos its space offers)
-    (dims(1, 3, 11, 13, 7, 3, 1, 1), "nhwc/wb/relu", ("wino2",)),                  # 42 tiles of 2x2, 12 of 4x4
+    (dims(1, 3, 11, 13, 7, 3, 1, 1), "nhwc/wb/relu", ("wino2", "wino4")),          # 42 tiles of 2x2, 12 of 4x4
     (dims(2, 19, 9, 10, 37, 3, 1, 1), "nhwc/packed/add_relu", ("wino2", "wino4")),  # residual, two images
-    (dims(1, 33, 15, 13, 17, 3, 1, 0), "nhwc/wss/hardswish", ("wino2",)),           # no padding
+    (dims(1, 33, 15, 13, 17, 3, 1, 0), "nhwc/wss/hardswish", ("wino2", "wino4")),   # no padding
+    (dims(1, 33, 6, 6, 17, 3, 1, 1), "nhwc/wss/relu", ("wino2",)),                  # 9 tiles of 2x2, 4 of 4x4
     (dims(1, 16, 17, 18, 40, 3, 1, pads=(0, 1, 2, 1)), "nhwc/w/none", ("wino2", "wino4")),
     (dims(1, 24, 15, 13, 21, 3, 1, 1), "nhwc/packed/relu_add", ("wino2", "wino4")),
 ]

@@ -25,6 +25,9 @@ of the ``OW % owb`` columns left, so that no column past the row is computed.
 add) in registers.
 Compile-time knobs: vec, ob/cbv, owb, unroll, pf (software prefetch distance in the weight stream, floats;
 0: none), the problem's geometry; runtime: cb, threads, order.
+``algo`` (3x3, stride-1, undilated, ungrouped NHWC layers only): ``direct`` (the above), or ``wino2`` / ``wino4``,
+Winograd F(2x2, 3x3) / F(4x4, 3x3) (``winograd.py``: ``owb`` tiles x ``ob`` vectors per register tile, ``tb`` tiles
+per block, the same epilogues).
 """
 from __future__ import annotations
 
@@ -150,16 +153,19 @@ def space(p, lim) -> Space:
 # that no setting is counted twice; a register tile of ``owb`` tiles no larger than a block; no block of tiles
 # past the first that covers every tile; and a thread's transformed input block in half the L2 (each output-channel
 # block's GEMMs read it again)
-MIN_TILES = 16
+MIN_TILES = 8
 _WINO_RULES = [
     "algo == 'direct' or (order == 0 and pf == 0 and cb == 8)",
     "algo != 'direct' or tb == 8",
     "algo == 'direct' or owb <= tb",
     "algo == 'direct' or tb == 8 or tb < 2 * (tiles2 if algo == 'wino2' else tiles4)",
-    # each transformed weight (t^2 / 9 times the direct template's bytes) used by enough tiles: a deep layer of a
-    # small image (ResNet-18 at 96x96: 512 channels at 3x3, 4 tiles of 2x2) reads 1.8-4x the weights for the few
-    # products it saves, and in a whole call those weights come from memory (the task measured alone has them in
-    # the L3, which would flatter the Winograd form)
+    # each transformed weight (t^2 / 9 times the direct template's bytes) used by enough tiles: its GEMMs do
+    # tiles / 2 FLOPs per weight byte, and in a whole call a deep layer's weights come from memory (the task
+    # measured alone has them in the L3, which flatters the Winograd form); from 8 tiles that is 4 FLOPs a byte,
+    # about these machines' peak over their memory bandwidth (Zen 4: 232 GFLOP/s over 60 GB/s). ResNet-18 at
+    # 96x96: 512 channels at 3x3 (4 tiles of 2x2) would read 1.8x the weights to save a fifth of the products;
+    # 256 channels at 6x6 keep F(2x2) (9 tiles), 128 at 12x12 F(4x4) too (9 tiles: 0.075 ms against 0.257 for the
+    # direct template's first setting, measured alone)
     f"algo == 'direct' or (tiles2 if algo == 'wino2' else tiles4) >= {MIN_TILES}",
     "algo == 'direct' or (16 if algo == 'wino2' else 36) * tb * c * 4 * 2 <= l2_bytes",
 ]
