@@ -40,7 +40,7 @@ import numpy as np
 
 from ..quant import bytes_per_weight
 from ..space import Candidate, Space
-from ..targets.cpu.templates import winograd as WINOGRAD
+from ..targets.cpu.templates import winograd
 from ..targets.target import LEVELS, Ceilings, Target
 from .columns import columns
 
@@ -551,7 +551,7 @@ def _conv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     extra = {"ilp": ilp, "loads_per_fma": loads, "waste": flops * active / np.maximum(1.0, m.useful * 1.0) - 1.0}
     if "algo" in k:  # the Winograd forms of a 3x3 layer (templates/winograd.py) replace their points' figures
         algo = np.asarray(k["algo"], dtype=object)
-        for name, wm in WINOGRAD.ALGOS.items():
+        for name, wm in winograd.ALGOS.items():
             sel = algo == name
             if sel.any():
                 w = _winograd(m, k, wm, res)
@@ -576,15 +576,15 @@ def _winograd(m: AnalyticModel, k: Mapping[str, np.ndarray], wm: int, res: bool)
     vec, mr, ob, tb = (np.asarray(k[x], dtype=np.int64) for x in ("vec", "owb", "ob", "tb"))
     T = np.asarray(k["threads"], dtype=np.int64)
     obw = ob * vec
-    f = WINOGRAD.executed_flops(g, wm, tb, mr, obw)
-    nt = WINOGRAD.tiles(g, wm)
+    f = winograd.executed_flops(g, wm, tb, mr, obw)
+    nt = winograd.tiles(g, wm)
     nblk = _ceil(nt, np.minimum(tb, nt))
     nob = _ceil(O, obw)
     split = np.where(nblk >= 2 * T, 1, np.minimum(nob, _ceil(2 * T, nblk)))
     units = nblk * split
     active = np.minimum(T, units)
     share = _ceil(units, T) / units  # the slowest thread's share of the work
-    tin, _ = WINOGRAD.op_counts(wm)
+    tin, _ = winograd.op_counts(wm)
     tf = f["transform"] + (split - 1) * float(nt) * C * tin  # each share of a block transforms its input again
     ilp = np.minimum(1.0, mr * ob / FMA_CHAINS)
     loads = (mr + ob) / (mr * ob)
@@ -595,7 +595,7 @@ def _winograd(m: AnalyticModel, k: Mapping[str, np.ndarray], wm: int, res: bool)
     compute_pred = share * (f["gemm"] * np.maximum(1.0, loads) * small / (rate * ilp) + 2.0 * tf / rate)
     compute_lb = f["gemm_useful"] / active / c.rate_bound(vec)
     x_b, y_b = F32 * N * C * H * W, F32 * N * O * g["OH"] * g["OW"]
-    u_b = WINOGRAD.weight_bytes(g, wm, obw)
+    u_b = winograd.weight_bytes(g, wm, obw)
     foot = x_b + u_b + y_b * (2 if res else 1)
     traffic: dict[str, np.ndarray] = {}
     home = c.home(foot, active) if not m.cold else np.full(len(vec), LEVELS.index("DRAM"))
@@ -603,7 +603,7 @@ def _winograd(m: AnalyticModel, k: Mapping[str, np.ndarray], wm: int, res: bool)
     # every unit streams its share of the transformed weights; after the first pass they come from where they fit
     _add(traffic, c.home(u_b, T), np.maximum(0, units * share - 1) * u_b / split)
     # a block's transformed input, written once, read by each of its output-channel blocks' GEMMs
-    vs_b = WINOGRAD.scratch_bytes(g, wm, np.minimum(tb, nt))
+    vs_b = winograd.scratch_bytes(g, wm, np.minimum(tb, nt))
     _add(traffic, c.home(vs_b, T, per_thread=True), units * share * vs_b * (1 + nob / split))
     return {"flops": f["gemm"] + tf, "compute_lb": compute_lb, "compute_pred": compute_pred, "active": active,
             "foot": foot, "traffic": traffic}

@@ -111,7 +111,7 @@ def space(p, lim) -> Space:
                      [*shared, "owb * cbv + 2 * cbv + 1 <= vregs", "cbv * vec <= max(vec, c + vec - 1)"],
                      constants=consts)
     wino = winograd.applies(g, conv_epilogue(p)[0])
-    # restrictions of the direct template alone (the Winograd forms pin its knobs instead: see _wino_rules)
+    # restrictions of the direct template alone (the Winograd forms pin its knobs instead: see _WINO_RULES)
     direct = (lambda r: f"algo != 'direct' or ({r})") if wino else (lambda r: r)
     knobs = [*common, categorical("ob", (1, 2, 3, 4)), pow2("cb", 8, 1024), categorical("order", (0, 1, 2)),
              categorical("pf", (0, 1024, 4096))]
@@ -156,7 +156,7 @@ def space(p, lim) -> Space:
 MIN_TILES = 8
 _WINO_RULES = [
     "algo == 'direct' or (order == 0 and pf == 0 and cb == 8)",
-    "algo != 'direct' or tb == 8",
+    f"algo != 'direct' or tb == {winograd.TILE_BLOCKS[0]}",
     "algo == 'direct' or owb <= tb",
     "algo == 'direct' or tb == 8 or tb < 2 * (tiles2 if algo == 'wino2' else tiles4)",
     # each transformed weight (t^2 / 9 times the direct template's bytes) used by enough tiles: its GEMMs do

@@ -259,14 +259,14 @@ void pf_conv(const conv_args *a) {{
 """
 
 
-def executed_flops(g: dict, m: int, knobs_tb, knobs_mr, obw) -> dict[str, np.ndarray]:
+def executed_flops(g: dict, m: int, tb, mr, obw) -> dict[str, np.ndarray]:
     """FLOPs a Winograd point executes (numpy columns over points): ``gemm`` (its register tiles, padded rows and
     channels included), ``gemm_useful`` (the t^2 GEMMs on the real tiles and channels: what no run avoids) and
     ``transform`` (vector operations of both transforms, each counted as one FLOP per lane)."""
     t = m + 2
     nt = tiles(g, m)
-    tb = np.minimum(np.asarray(knobs_tb, dtype=np.int64), nt)
-    mr = np.asarray(knobs_mr, dtype=np.int64)
+    tb = np.minimum(np.asarray(tb, dtype=np.int64), nt)
+    mr = np.asarray(mr, dtype=np.int64)
     blocks = -(-nt // tb)
     last = nt - (blocks - 1) * tb
     rows = (blocks - 1) * (-(-tb // mr) * mr) + -(-last // mr) * mr
