@@ -106,8 +106,10 @@ def _term(coef: float, name: str) -> str:
 def _combo(row, names) -> str:
     """C of ``sum(row[k] * names[k])`` over the nonzero coefficients."""
     terms = [_term(c, n) for c, n in zip(row, names) if c != 0]
+    if not terms:
+        return "vset(0.0f)"
     s = " ".join(terms)
-    return s[2:] if s.startswith("+ ") else "-" + s[2:] if terms else "vset(0.0f)"
+    return s[2:] if s.startswith("+ ") else "-" + s[2:]  # a leading "+ x" is "x", a leading "- x" "-x"
 
 
 def _two_pass(mat, src: str, dst: str, rows_in: int, cols_in: int) -> list[str]:
