@@ -133,3 +133,25 @@ def test_the_analytic_model_bounds_winograd_by_what_it_executes():
         assert all(b < direct[k] for k, b, s in zip(key, e.bound_s, sel) if s and k in direct)
     best = {a: e.predicted_s[(algo == a) & e.fits].min() for a in ("direct", "wino2", "wino4")}
     assert best["wino2"] < 0.8 * best["direct"] and best["wino4"] < best["wino2"]
+
+
+def test_settings_from_before_the_algo_knob_run_the_direct_template(profile):
+    """A spec written before ``algo`` and ``tb`` existed holds conv knobs without them: its steps still compile and
+    bind (as the direct template) and compute the reference."""
+    import ctypes
+
+    from planforge.targets.cpu.build import build
+    from planforge.targets.cpu.templates import make_inputs, output_shape, reference
+
+    lim = limits(profile)
+    p = Problem("conv", dims(1, 24, 10, 9, 20, 3, 1, 1), "nhwc/packed/add_relu")
+    old = {k: v for k, v in default_knobs(p, lim).items() if k not in ("algo", "tb")}
+    assert {"algo", "tb"} <= set(TEMPLATES["conv"].space(p, lim).names) and "algo" not in old
+    t = TEMPLATES["conv"]
+    src = t.source(p, old)
+    assert "in_transform" not in src  # the direct template's C
+    lib = ctypes.CDLL(str(build(src, t.openmp(old)).path))
+    inp = make_inputs(p, seed=3)
+    out = np.zeros(output_shape(p), np.float32)
+    t.bind(lib, p, old, inp, out)()
+    np.testing.assert_allclose(out, reference(p, inp), rtol=1e-4, atol=1e-4)
