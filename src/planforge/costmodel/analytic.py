@@ -554,7 +554,7 @@ def _conv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
         for name, wm in winograd.ALGOS.items():
             sel = algo == name
             if sel.any():
-                w = _winograd(m, k, wm, res)
+                w = _winograd(m, k, wm, res, OH, OW)
                 flops, compute_lb, compute_pred, active = (np.where(sel, w[key], old) for key, old in (
                     ("flops", flops), ("compute_lb", compute_lb), ("compute_pred", compute_pred), ("active", active)))
                 foot = np.where(sel, w["foot"], foot)
@@ -565,14 +565,14 @@ def _conv(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
                    traffic=traffic, compulsory=foot, extra=extra)
 
 
-def _winograd(m: AnalyticModel, k: Mapping[str, np.ndarray], wm: int, res: bool) -> dict[str, Any]:
+def _winograd(m: AnalyticModel, k: Mapping[str, np.ndarray], wm: int, res: bool, OH: int, OW: int) -> dict[str, Any]:
     """The Winograd F(wm x wm, 3x3) form of every point: t^2 GEMMs of [tiles, C] x [C, O] in register tiles of
     ``owb`` tiles x ``ob`` vectors, plus the two transforms; work split in units of (block of ``tb`` tiles, share of
     the output-channel blocks). The bound counts only the GEMMs' multiply-adds on real tiles and channels (the
     problem's useful FLOPs overstate what this form must execute, so they cannot bound it)."""
     c = m.ceil
     N, C, H, W, O = m.dims[:5]
-    g = {"N": N, "C": C, "O": O, "OH": H + m.dims[9] + m.dims[11] - 2, "OW": W + m.dims[10] + m.dims[12] - 2}
+    g = {"N": N, "C": C, "O": O, "OH": OH, "OW": OW}
     vec, mr, ob, tb = (np.asarray(k[x], dtype=np.int64) for x in ("vec", "owb", "ob", "tb"))
     T = np.asarray(k["threads"], dtype=np.int64)
     obw = ob * vec

@@ -549,8 +549,12 @@ static void row(const float *x, const float *w, const float *scale, const float 
 """
 
 
-_MAIN = r"""
+# ``pf_conv``'s argument, as ``ConvArgs`` lays it out (the direct and the Winograd kernels take the same)
+ARGS_C = r"""
 typedef struct { const float *x, *w, *scale, *shift, *res; float *y, *xp, *rt, *yt; int cb, threads, order; } conv_args;
+"""
+
+_MAIN = r"""
 
 static __thread float *buf_part;
 static __thread size_t cap_part;
@@ -655,7 +659,7 @@ def source(p, knobs: dict[str, Any]) -> str:
     _, _, steps = conv_epilogue(p)
     vec_ops, sc_ops = _steps_c(steps)
     if winograd.tile_m(knobs):
-        return (_defs(p, knobs) + f"#define SLACK {SLACK}\n" + header() + PARFOR_C
+        return (_defs(p, knobs) + f"#define SLACK {SLACK}\n" + header() + PARFOR_C + ARGS_C
                 + winograd.source(winograd.tile_m(knobs), knobs,
                                   lambda acc, y, ch, lanes: _store(acc, y, ch, lanes, vec_ops, sc_ops)))
     if p.op == "dwconv" and _reads_in_place(p, geometry(p), knobs):
@@ -666,7 +670,8 @@ def source(p, knobs: dict[str, Any]) -> str:
         tile = _tile_conv(knobs["ob"], knobs["owb"], knobs["unroll"], vec_ops, sc_ops, knobs.get("pf", 0),
                           knobs["vec"], geometry(p)["OW"])
     part = int(p.op == "conv" and knobs.get("cb", 1 << 30) < geometry(p)["Cg"])
-    return _defs(p, knobs) + f"#define PART {part}\n#define SLACK {SLACK}\n" + header() + PARFOR_C + _COPY + tile + _MAIN
+    return (_defs(p, knobs) + f"#define PART {part}\n#define SLACK {SLACK}\n" + header() + PARFOR_C + ARGS_C + _COPY
+            + tile + _MAIN)
 
 
 # -- binding: weights packed at load time ---------------------------------------------------------------------------

@@ -126,7 +126,8 @@ def _two_pass(mat, src: str, dst: str, rows_in: int, cols_in: int) -> list[str]:
 
 
 def source(m: int, knobs: dict[str, Any], store) -> str:
-    """The C of the Winograd kernel (after the conv template's ``#define``s and header): ``pf_conv(conv_args *)``.
+    """The C of the Winograd kernel (after the conv template's ``#define``s, header and ``conv_args``):
+    ``pf_conv(conv_args *)``.
     ``store(acc, offset, channel, lanes)`` is the conv template's scale, shift, chain and store of one vector."""
     bt, _, at = MATRICES[m]
     t = m + 2
@@ -162,8 +163,6 @@ def source(m: int, knobs: dict[str, Any], store) -> str:
 #define MR {mr}
 #define WNOB ((O + OBW - 1) / OBW)
 #define NBLK ((NT + TB - 1) / TB)
-
-typedef struct {{ const float *x, *w, *scale, *shift, *res; float *y, *xp, *rt, *yt; int cb, threads, order; }} conv_args;
 
 static __thread float *buf_vs, *buf_ms;
 static __thread size_t cap_vs, cap_ms;
