@@ -12,6 +12,7 @@ two genomes that extract the same program are measured once.
 """
 from __future__ import annotations
 
+import math
 import random
 import weakref
 import zlib
@@ -88,6 +89,13 @@ def _settings(problem: Any, knob_space: Callable[[Any], Space], defaults: Callab
               ranker: Callable[[Any, Space], Callable | None] | None) -> list[dict[str, Any]]:
     """A template node's settings (``knob_configs``, seeded by the problem, so that equal problems get equal
     settings), remembered per target when ``knob_space`` is a target's method and the problem is hashable."""
+    return _ranked_settings(problem, knob_space, defaults, n, ranker)[0]
+
+
+def _ranked_settings(problem: Any, knob_space: Callable[[Any], Space], defaults: Callable[[Any], dict], n: int,
+                     ranker: Callable[[Any, Space], Callable | None] | None
+                     ) -> tuple[list[dict[str, Any]], float | None]:
+    """``_settings``, and the ranker's predicted seconds of the first (None without a model)."""
     owner = getattr(knob_space, "__self__", None)
     key = (problem, n, ranker is not None)
     memo = None
@@ -103,13 +111,18 @@ def _settings(problem: Any, knob_space: Callable[[Any], Space], defaults: Callab
     except TypeError:  # an owner that cannot be referenced weakly, or an unhashable problem
         memo = None
     if memo is not None and key in memo:
-        return [dict(c) for c in memo[key]]
+        out, first = memo[key]
+        return [dict(c) for c in out], first
     sp = knob_space(problem)
     rank = ranker(problem, sp) if ranker is not None else None
     out = knob_configs(sp, defaults(problem), n, zlib.crc32(repr(problem).encode()), rank)
+    first = None
+    if rank is not None and out:
+        t = float(rank([sp.make(out[0])])[0])
+        first = t if math.isfinite(t) and t > 0 else None
     if memo is not None:
-        memo[key] = [dict(c) for c in out]
-    return out
+        memo[key] = ([dict(c) for c in out], first)
+    return out, first
 
 
 def _stratified(problem: Any, spaces: Sequence[Callable[[Any], Space]], defaults: Callable[[Any], dict], n: int,
@@ -147,6 +160,9 @@ class Genome:
     knob_of: dict[str, str] = field(default_factory=dict)  # knob gene name -> node id
     # stratified node id -> where each stratum's best setting sits among its settings (``Genome.build``'s strata)
     strata_firsts: dict[str, list[int]] = field(default_factory=dict)
+    # template node id -> its cost model's predicted seconds at its first setting (what the seed plans run); only
+    # nodes whose template has a model and draws from one knob space
+    predicted: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def build(cls, eg: EClassGraph, analysis: Analysis, allowed: Mapping[str, list[str]], fallback: Choice,
@@ -159,7 +175,7 @@ class Genome:
         (or None for a node without): knob spaces whose settings a node draws in equal shares, interleaved,
         instead of from ``knob_space`` (a quantised plan space: one per weight format, so that a model ranking
         the smallest format first still leaves every format among the node's settings)."""
-        problems, configs, firsts = {}, {}, {}
+        problems, configs, firsts, predicted = {}, {}, {}, {}
         for ns in allowed.values():
             for nid in ns:
                 n = eg.node(nid)
@@ -170,9 +186,12 @@ class Genome:
                     if spaces:
                         configs[nid], firsts[nid] = _stratified(p, spaces, defaults, configs_per_node, ranker)
                     else:
-                        configs[nid] = _settings(p, knob_space, defaults, configs_per_node, ranker)
+                        configs[nid], t = _ranked_settings(p, knob_space, defaults, configs_per_node, ranker)
+                        if t is not None:
+                            predicted[nid] = t
         g = cls(eg, analysis, {c: list(v) for c, v in allowed.items()}, dict(fallback), problems, configs)
         g.strata_firsts = firsts
+        g.predicted = predicted
         g._make_space()
         return g
 

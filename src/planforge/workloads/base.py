@@ -44,7 +44,10 @@ class Task:
         cost_model: a proxy or model (``predict``), if the task has one.
         validators: applied to finalists in rank order.
         peak_bytes: a plan's peak memory, for the report and memory checks.
-        seeds: candidates the strategy proposes first (default none).
+        seeds: candidates the strategy proposes first (default none), best first by the task's own pricing.
+        lead_seeds: how many of ``seeds`` are proposed first at any budget (default 0); the others fill at most
+            a third of the task's evaluations before the search's own proposals, and wait for its first phase
+            to end otherwise (``tuning._task_search``).
         info: facts about the task's space for the summary and the spec.
         record: ``f(accepted candidate) -> dict``: what the spec records of the plan beyond its knobs (a
             quantised task's format, measured error, tiles and budget); default None.
@@ -58,6 +61,7 @@ class Task:
     validators: Sequence[Callable[[Candidate], str | None]] = ()
     peak_bytes: Callable[[Candidate], int] | None = None
     seeds: Sequence[Candidate] = ()        # candidates a strategy should try first (e.g. extracted plans)
+    lead_seeds: int = 0                    # how many of them come first whatever the budget
     info: dict[str, Any] = field(default_factory=dict)  # facts for the summary and spec (e-graph size...)
     record: Callable[[Candidate], dict[str, Any]] | None = None
 
