@@ -1,6 +1,8 @@
 """Convolutional models (issue 14): the ops through both importers, BN folding, the seeds' phase-ordering example in
 the e-graph (rules A, B, C and the three-in-one, each extracted when it is cheapest), NHWC layouts whose transposes
 cancel, 1x1 convolutions as GEMMs, residual blocks deduplicated by the partition, and a small CNN tuned end to end."""
+import json
+
 import numpy as np
 import pytest
 
@@ -368,6 +370,51 @@ def test_each_fixed_orders_plan_seeds_the_e_graphs_search(tmp_path, profile):
 
     res = planforge.tune(graph_workload(g, "cbr"), budget=1, out=tmp_path / "t")
     assert res.spec["tasks"]["graph"]["search"]["evaluations"] == 1
+
+
+def test_seeds_after_the_ilp_come_cheapest_first_at_their_kernels_prices(profile):
+    """After the ILP's plan, the seeds are ordered by their kernels' prices: each template step at what its kernel's
+    model predicts for the setting a seed runs, not at its op's roofline (the same for an NCHW convolution and an
+    NHWC one between transposes): at 28x28x32 fold first's NHWC plan comes before the greedy NCHW one."""
+    from planforge.ir.zoo import conv_bn_relu
+    from planforge.rewrite.analysis import estimate
+    from planforge.targets import get_target
+    from planforge.workloads.models import graph_workload, price
+
+    task = graph_workload(conv_bn_relu(size=28, cin=32, cout=32), "cbr").tasks[0]
+    genome = task.backend.genome
+    convs = [nid for nid, p in genome.problems.items() if p.op == "conv"]
+    assert convs and all(nid in genome.predicted for nid in convs)
+    eg, a = genome.eg, genome.analysis
+    device = get_target("cpu").ceilings()
+    roofline = {nid: estimate(a, eg.node(nid), device) for ns in genome.allowed.values() for nid in ns}
+    kernel = {**roofline, **genome.predicted}
+    labels = task.info["seeds"]
+    assert task.lead_seeds == 1 and labels[0] == "ilp"
+    prices = [price(eg, genome.choice(c.as_dict()), kernel) for c in task.seeds[1:]]
+    assert prices == sorted(prices)
+    by_roofline = [price(eg, genome.choice(c.as_dict()), roofline) for c in task.seeds[1:]]
+    assert by_roofline != sorted(by_roofline)  # the roofline would have put them in another order
+    assert "greedy" not in labels or labels.index("fold first") < labels.index("greedy")
+
+
+def test_a_small_budget_tunes_the_best_seeds_kernels_instead_of_measuring_every_seed(tmp_path, profile):
+    """At 6 evaluations the e-graph's search measures its two cheapest seeds (the ILP's first) and then steps from
+    the faster one in one kernel setting at a time, rather than spending the budget on its five seed plans."""
+    import planforge
+    from planforge.workloads.models import graph_workload
+
+    wl = graph_workload(ZOO["conv-bn-relu"](), "cbr")
+    seeds = wl.tasks[0].seeds
+    assert len(seeds) > 2
+    res = planforge.tune(wl, budget=6, out=tmp_path / "t")
+    trials = json.loads((tmp_path / "t" / "run.json").read_text())["tasks"]["graph"]["trials"]
+    assert [t["fingerprint"] for t in trials[:2]] == [c.fingerprint for c in seeds[:2]]
+    assert res.spec["tasks"]["graph"]["search"]["evaluations"] == 6
+    best = min(trials[:2], key=lambda t: t["latency_s"])["plan"]
+    for t in trials[2:3]:  # the first step: the best seed with one of its kernels' settings changed
+        changed = {k for k in best if t["plan"][k] != best[k]}
+        assert len(changed) == 1 and next(iter(changed)).startswith("k_"), changed
 
 
 # -- im2col + GEMM, NHWC pooling ---------------------------------------------------------------------------------------

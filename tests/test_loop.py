@@ -335,6 +335,37 @@ def test_strategies_that_take_seed_candidates_say_so():
     seeds = list(space.enumerate())[5:7]
     assert make_strategy("genetic", space, 0, initial=seeds).ask(2) == seeds  # proposed first
     make_strategy("random", space, 0, initial=seeds)  # left out: random takes none (no TypeError)
+    for name, cls in STRATEGIES.items():
+        assert cls.takes_later == ("later" in inspect.signature(cls.__init__).parameters), name
+        assert not cls.takes_later or cls.takes_initial, name
+
+
+def test_a_seeded_genetic_search_steps_from_its_best_seed_then_takes_the_later_seeds():
+    """Seeded, the rest of the first phase are one-knob steps from the best measured candidate (its kernels'
+    settings before its graph choices, kind ``gene``), not random points; the ``later`` seeds come when that phase
+    ends; a strategy without such a phase takes the later seeds first with the others."""
+    from planforge.outcome import Outcome
+    from planforge.space import Knob, Space
+
+    space = Space([Knob("impl", ("a", "b", "c"), "gene"), Knob("tile", tuple(range(6)), "categorical"),
+                   Knob("unroll", (1, 2, 4), "categorical")])
+    first, second, later = space.make({"impl": "a", "tile": 0, "unroll": 1}), \
+        space.make({"impl": "b", "tile": 0, "unroll": 1}), space.make({"impl": "c", "tile": 5, "unroll": 4})
+    g = make_strategy("genetic", space, 0, population=5, initial=[first, second], later=[later])
+    assert g.ask(2) == [first, second]
+    g.tell([(first, Outcome.measured([1.0])), (second, Outcome.measured([2.0]))])
+    steps = []
+    for _ in range(3):
+        (c,) = g.ask(1)
+        steps.append(c)
+        g.tell([(c, Outcome.measured([3.0]))])
+    for c in steps:  # one knob of the best seed changed, and not its graph choice while settings remain
+        changed = [k for k in ("impl", "tile", "unroll") if c[k] != first[k]]
+        assert len(changed) == 1 and changed != ["impl"], c.as_dict()
+    assert g.ask(1) == [later]  # the first phase (5 proposals) is over
+    # a strategy without a first phase of its own measures every seed first
+    assert make_strategy("model", space, 0, initial=[first], later=[later]).ask(2) == [first, later]
+    make_strategy("random", space, 0, initial=[first], later=[later])  # neither taken: no TypeError
 
 
 def test_a_backend_without_the_protocol_is_a_clear_error():

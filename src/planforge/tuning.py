@@ -35,6 +35,7 @@ from .validate.accuracy import ACT_KNOB, BLOCK_KNOB, FORMAT_KNOB, step_format
 from .workloads import Task, Workload
 
 FINALIST_ROUNDS = 3
+SEEDS_FIRST = 2  # seed candidates a task measures first at any budget (``_task_search``)
 OPEN_EXECUTORS = 4  # tasks of a scheduled workload whose executors stay open between their grants (the latest granted)
 
 __all__ = ["FALLBACK_WITHIN", "FINALIST_ROUNDS", "TaskResult", "TuneResult", "build_spec", "task_spec",
@@ -345,7 +346,12 @@ def _task_search(db: Records, run_id: str, workload: Workload, task: Task, strat
     (one, but for a heterogeneous cluster), the main one first. ``hint``: the evaluations ``auto`` sizes its
     choice of strategy by."""
     if task.seeds:
-        options = {**options, "initial": list(task.seeds)}
+        # the seeds come first, but take at most a third of the task's evaluations beyond its lead seeds: at a small
+        # budget a graph's five extractions would otherwise be all it measures, none of their knobs tuned; the
+        # others wait for the search's first phase to end (``Genetic``'s ``later``)
+        k = len(task.seeds) if hint is None else max(task.lead_seeds, SEEDS_FIRST, hint // 3)
+        options = {**options, "initial": list(task.seeds[:k]), **({"later": list(task.seeds[k:])} if
+                                                                  k < len(task.seeds) else {})}
     driver = task.backend.fingerprint
 
     def warm_on(space, target: str) -> WarmStart | None:

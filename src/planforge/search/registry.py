@@ -47,7 +47,7 @@ AUTO_PORTFOLIO = {"arms": ("thompson", "genetic", "annealing", "hillclimb"), "c"
 EARLY_SHARE = 10  # a warm start's early proposals: at most budget / EARLY_SHARE of them
 
 # keyword arguments the library passes itself, never a user's setting
-INTERNAL = ("initial", "catalog", "cost_model")
+INTERNAL = ("initial", "later", "catalog", "cost_model")
 
 
 def settings_of(name: str) -> tuple[Setting, ...]:
@@ -107,12 +107,16 @@ def make_strategy(name: str, space: Space, seed: int = 0, budget: int | None = N
 
 
 def _build(name: str, space: Space, seed: int, budget: int | None, cost_model, options: dict) -> Strategy:
+    cls = STRATEGIES[name]
+    if "later" in options and not cls.takes_later:  # no first phase to wait for: every seed comes first
+        later = options.pop("later")
+        if "initial" in options:
+            options["initial"] = [*options["initial"], *later]
+    if "initial" in options and not cls.takes_initial:
+        options.pop("initial")  # this strategy takes no seed candidates
     if name == "model":
         return STRATEGIES[name](space, seed, cost_model=cost_model, **options)
     if name == "proxy-topk":
         options.setdefault("k", budget or 3)
         return ProxyTopK(space, seed, cost_model=cost_model, **options)
-    cls = STRATEGIES[name]
-    if "initial" in options and not cls.takes_initial:
-        options.pop("initial")  # this strategy takes no seed candidates
     return cls(space, seed, **options)

@@ -39,6 +39,9 @@ class Strategy:
     # whether the strategy takes seed candidates to propose first (``initial=``, e.g. a graph's extracted plans);
     # ``make_strategy`` leaves them out for one that does not
     takes_initial = False
+    # whether it also takes seeds to propose after a first phase of its own (``later=``); ``make_strategy`` adds
+    # them to ``initial`` for one that does not
+    takes_later = False
 
     def __init__(self, space: Space, seed: int = 0, max_duplicates: int | None = None):
         self.space = space
@@ -167,6 +170,11 @@ class RandomSearch(Strategy):
         return out
 
 
+def _not_gene(k) -> bool:
+    """A knob that sets a kernel's schedule, not a graph's choice of implementation (``kind`` ``gene``)."""
+    return k.kind != "gene"
+
+
 class Genetic(Strategy):
     """Steady-state genetic search with elitist parents.
 
@@ -179,23 +187,36 @@ class Genetic(Strategy):
     Stagnation: while fewer than two distinct parents exist (everything failed,
     or a single valid point), random immigrants are proposed instead.
 
+    Seeded (``initial``: e.g. a graph's extracted plans, proposed first), the
+    rest of the first ``population`` are the best measured candidate so far
+    mutated in one knob that matters to it (one of its kernels' settings
+    while new ones remain, then any of its choices), not random points: a
+    uniform point of a graph's genome picks every e-class's implementation at
+    random and is rarely a good plan, where the seeds already compare the
+    extracted ones. ``later`` seeds (the ones a small
+    budget leaves out of the first proposals) come after that phase, before
+    any crossover.
+
     Parameters: population (default 8), parents (default 4), mutation
     (default 0.3), max_duplicates (default 50).
     """
 
     name = "genetic"
     takes_initial = True
+    takes_later = True
     settings = (Setting("population", "int", 8, "random proposals before breeding starts", low=1),
                 Setting("parents", "int", 4, "best measured candidates kept as parents", low=2),
                 Setting("mutation", "float", 0.3, "chance that a child is mutated in one gene", low=0, high=1))
 
     def __init__(self, space: Space, seed: int = 0, population: int = 8, parents: int = 4,
-                 mutation: float = 0.3, initial: Sequence[Candidate] = (), **kw):
+                 mutation: float = 0.3, initial: Sequence[Candidate] = (), later: Sequence[Candidate] = (), **kw):
         super().__init__(space, seed, **kw)
         self.population, self.mutation = population, mutation
         self.parents = Ranked(parents)
         self._initial = 0
         self._seeds = list(reversed(initial))  # proposed first (e.g. the extracted plans)
+        self._later = list(reversed(later))  # proposed once the first phase is over
+        self._seeded = bool(initial)
 
     def _observe(self, c: Candidate, o: Outcome) -> None:
         if o.ok:
@@ -205,8 +226,21 @@ class Genetic(Strategy):
         if self._seeds:
             self._initial += 1
             return self._seeds.pop()
-        if self._initial < self.population or len(self.parents) < 2:
+        if self._initial < self.population:
             self._initial += 1
+            best = self.parents.best
+            if self._seeded and best is not None:
+                # a step from the best seed so far, not one taken before: its kernels' settings first (a knob
+                # that is not a graph gene), then any of its choices
+                for which in (_not_gene, None):
+                    for _ in range(8):
+                        c = self.space.mutate(best.candidate, self.rng, 1, which=which)
+                        if c is not None and c.fingerprint not in self.proposed:
+                            return c
+            return self.space.sample(self.rng)
+        if self._later:
+            return self._later.pop()
+        if len(self.parents) < 2:
             return self.space.sample(self.rng)
         a, b = self.rng.sample([e.candidate for e in self.parents], 2)
         child = self.space.crossover(a, b, self.rng)

@@ -301,10 +301,11 @@ class Space:
         live = None if self.active is None else self.active(c.as_dict())
         return [i for i, r in enumerate(self._radix) if r > 1 and (live is None or self.knobs[i].name in live)]
 
-    def mutate(self, c: Candidate, rng: random.Random, genes: int = 1, tries: int = 64) -> Candidate | None:
-        """``c`` with ``genes`` randomly chosen knobs (among those that matter) set to other values;
-        valid, or None if none found."""
-        movable = self._movable(c)
+    def mutate(self, c: Candidate, rng: random.Random, genes: int = 1, tries: int = 64,
+               which: Callable[[Knob], bool] | None = None) -> Candidate | None:
+        """``c`` with ``genes`` randomly chosen knobs (among those that matter, and pass ``which`` when given) set
+        to other values; valid, or None if none found."""
+        movable = [i for i in self._movable(c) if which is None or which(self.knobs[i])]
         if not movable:
             return None
         for _ in range(tries):
