@@ -219,7 +219,8 @@ def _workload(workload_or_module, example_inputs, name: str | None, options: dic
         # with an accuracy budget, quantised plans are judged on the user's own inputs (and draws like them)
         return graph_workload(graph, name or graph.name, target=target if target is not None else "cpu",
                               example_inputs=[given] if given is not None else (),
-                              **{k: opts[k] for k in ("memory_budget_mb", "seed", "accuracy") if k in opts})
+                              **{k: opts[k] for k in ("memory_budget_mb", "seed", "accuracy", "kernel_trials")
+                                 if k in opts})
     raise TypeError(f"planforge.tune takes a workload name, a model file, a Workload or a torch.nn.Module, "
                     f"got {type(workload_or_module).__name__}")
 

@@ -10,18 +10,21 @@ from ..rewrite.partition import WHOLE_BELOW
 from .base import Manifest, Task, Workload, WorkloadError
 from .drill import drill
 from .kernels import eltwise, gemm, gemv, layernorm, softmax
+from .measured import TRIALS
 from .models import file_workload, zoo_workload
 
 
 def _zoo(name: str) -> Callable[..., Workload]:
     def build(memory_budget_mb: float = 1024.0, seed: int = 0, objective: str = "", whole_below: int = WHOLE_BELOW,
-              accuracy: str = "", target: str | Target = "cpu") -> Workload:
+              accuracy: str = "", kernel_trials: int = TRIALS, target: str | Target = "cpu") -> Workload:
         return zoo_workload(name, memory_budget_mb=memory_budget_mb, seed=seed, target=target,
-                            objective=objective or None, whole_below=whole_below, accuracy=accuracy)
+                            objective=objective or None, whole_below=whole_below, accuracy=accuracy,
+                            kernel_trials=kernel_trials)
 
     build.__doc__ = (f"The zoo model {name!r}: cut into tasks when it is larger than whole_below ops; objective "
                      f"e.g. control:chunk_steps=8,control_hz=10; accuracy e.g. max_rel_err:0.01 makes the weight "
-                     f"format a gene (default none: fp32 weights only).")
+                     f"format a gene (default none: fp32 weights only); kernel_trials: settings of each seed kernel "
+                     f"measured alone before the search (default {TRIALS}; 0: the analytic model's order).")
     return build
 
 

@@ -32,6 +32,7 @@ from ..space.genome import Genome
 from ..targets import Target, TargetError, get_target
 from ..validate import MemoryBudget
 from .base import Manifest, Task, Workload, WorkloadError
+from .measured import TRIALS, Measured, measure_first_settings
 from .objective import Objective
 
 DEFAULT_RULESETS = ("epilogue", "layout", "algebra")
@@ -198,7 +199,7 @@ def _accuracy_check(graph: Graph, target: Target, genome, accuracy, seed: int, d
 
 def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 0, node_limit: int = 20_000,
                weight: int = 1, accuracy=None, validation: tuple[list, str] | None = None,
-               shared: bool = False) -> Task:
+               shared: bool = False, measured: Measured | None = None) -> Task:
     """The task of one graph (a whole model, or one part of a partitioned one): its e-graph saturated within
     ``node_limit`` e-nodes, memory-pruned to ``budget`` bytes, extracted greedily and by ILP (the two seeds of
     the search), and the genome over it (implementation choices and template knobs) as its space.
@@ -207,7 +208,8 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     outputs are judged by it, in the finalist walk on ``validation`` (``(draws, what they are)``: the graph's
     inputs; default: ``validation_draws`` of its own). ``shared``: the graph is one part of a partitioned model,
     timed apart from the others, so a fused MLP's pool may not spin after a call (``MlpProblem.shared``; default
-    False)."""
+    False). ``measured``: the workload's kernel measurements so far (``workloads.measured``), which this task's
+    lead seeds' kernels are added to; None measures none (the model's order of settings)."""
     device = target.ceilings()  # (measures the device on first use: before the clock starts)
     if device is None:
         raise TargetError(f"target {target.name!r} has no device ceilings: it cannot plan a whole model")
@@ -245,6 +247,34 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     t4 = time.perf_counter()
     orders = _order_choices(graph, eg, names, limits, costs, allowed)
     t5 = time.perf_counter()
+    # then the greedy extraction and each fixed order's, cheapest first at their kernels' prices: each template
+    # step at what its kernel's model predicts for the setting a seed runs, where the roofline prices every template
+    # of one op alike (an NCHW convolution and an NHWC one between transposes, whose kernels differ by 1.5x). A small
+    # budget measures only the first of them (``Task.lead_seeds``). (The extractions themselves keep the roofline
+    # prices: priced by the kernels' models, whose scale is not the library steps' roofline, the ILP chose numpy
+    # steps and unfused epilogues that ran 2-4x slower on ResNet-18 and MobileNetV2.) Before the seeds are made,
+    # the kernels of the ILP's plan and of the next cheapest have their first settings measured and reordered
+    # fastest first (``workloads.measured``), which also makes those prices measured ones.
+    measured_info: dict[str, Any] = {}
+    t_measure = [0.0]
+
+    def measure(choice) -> None:
+        if measured is not None and measured.trials > 0:
+            t = time.perf_counter()
+            steps = genome.template_steps(genome.candidate_of(choice).as_dict())
+            measured_info.update(measure_first_settings(genome, target, {nid: k for nid, _, k in steps}, weight,
+                                                        measured, seed))
+            t_measure[0] += time.perf_counter() - t
+
+    measure(i_choice)
+    others = [("greedy", g_choice), *orders.items()]
+
+    def by_price():
+        kernel_costs = {**costs, **genome.predicted}
+        return sorted(others, key=lambda lc: price(eg, lc[1], kernel_costs))
+
+    if others:
+        measure(by_price()[0][1])
     seeds, seed_of = [], {}
 
     def add(c, label: str) -> None:
@@ -263,15 +293,7 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
             fmts = sorted(set(program_formats(genome.program(c.as_dict())).values()))
             add(c, f"ilp in {', '.join(fmts) or 'fp32'}")
     lead = len(seeds)
-    # then the greedy extraction and each fixed order's, cheapest first at their kernels' prices: each template
-    # step at what its kernel's model predicts for the setting a seed runs, where the roofline prices every template
-    # of one op alike (an NCHW convolution and an NHWC one between transposes, whose kernels differ by 1.5x). A small
-    # budget measures only the first of them (``Task.lead_seeds``). (The extractions themselves keep the roofline
-    # prices: priced by the kernels' models, whose scale is not the library steps' roofline, the ILP chose numpy
-    # steps and unfused epilogues that ran 2-4x slower on ResNet-18 and MobileNetV2.)
-    kernel_costs = {**costs, **genome.predicted}
-    others = [("greedy", g_choice), *orders.items()]
-    for label, ch in sorted(others, key=lambda lc: price(eg, lc[1], kernel_costs)):
+    for label, ch in by_price():
         add(genome.candidate_of(ch), label)
     t6 = time.perf_counter()
 
@@ -288,15 +310,18 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
                 record=(lambda c: {**check.record(c), "screen": strata.screens}) if check else None)
     task.seeds, task.lead_seeds = seeds, lead
     task.info = {**genome.describe(), "pruned_by_memory": len(pruned), "saturation_s": t1 - t0,
-                 "greedy_s": t2 - t1, "ilp_s": t4 - t3, "ilp": how, "genome_s": (t3 - t2) + (t6 - t5),
-                 "orders_s": t5 - t4, "seeds": list(seed_of.values())}
+                 "greedy_s": t2 - t1, "ilp_s": t4 - t3, "ilp": how, "genome_s": (t3 - t2) + (t6 - t5) - t_measure[0],
+                 "orders_s": t5 - t4, "kernels_s": t_measure[0], "seeds": list(seed_of.values())}
+    if measured_info:
+        task.info["measured_settings"] = measured_info
     return task
 
 
 def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = None, memory_budget_mb: float = 1024,
                    seed: int = 0, node_limit: int = 20_000, target: str | Target = "cpu",
                    whole_below: int = WHOLE_BELOW, objective: "str | dict | None" = None,
-                   accuracy: str = "", example_inputs: Sequence[Sequence[np.ndarray]] = ()) -> Workload:
+                   accuracy: str = "", example_inputs: Sequence[Sequence[np.ndarray]] = (),
+                   kernel_trials: int = TRIALS) -> Workload:
     """A whole-model workload: ``graph`` cut into parts (``rewrite.partition``), one task per distinct part
     (its weight: how many parts share its structure), each with its own e-graph and genome.
 
@@ -320,6 +345,9 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
         example_inputs: the user's own inputs of the model (a list of input lists; default none): with a budget,
             the finalist walk judges a quantised plan on them and on draws like them (``validation_draws``),
             and a part of a partitioned model on what flows into it on those, instead of on random inputs.
+        kernel_trials: settings of each distinct kernel of the seed plans measured alone before the search, which
+            reorder that kernel's settings fastest first (``workloads.measured``; default ``measured.TRIALS``;
+            0: none, the analytic model's order); recorded in the manifest when not the default.
     A graph that stays whole is one task named ``graph``; the parts' tasks are named ``partK`` after the
     first part of their structure. ``Workload.partition`` holds the parts and why it was cut where it was.
     """
@@ -343,9 +371,12 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     draws = validation_draws(graph, seed, example_inputs) if budgets.stated else None
     about = (f"the model's example inputs ({len(example_inputs)}) and {len(draws) - len(example_inputs)} draws "
              f"like them" if example_inputs else f"{len(draws)} generated input draws") if draws else ""
+    if kernel_trials < 0:
+        raise WorkloadError(f"kernel_trials must be 0 or more, got {kernel_trials}")
+    store = Measured(trials=kernel_trials)
     if len(part.parts) == 1:
         tasks = [graph_task(graph, "graph", target, budget, seed, node_limit, accuracy=acc("graph"),
-                            validation=(draws, about) if draws else None)]
+                            validation=(draws, about) if draws else None, measured=store)]
     else:
         tasks = []
         for key, idx in part.keys.items():
@@ -354,18 +385,20 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
             flows = [[v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v
                       for v in values_of(part.graph, d, rep.inputs)] for d in draws] if draws else None
             t = graph_task(rep.graph, f"part{rep.index}", target, budget, seed, node_limit, weight=len(idx),
-                           accuracy=acc(f"part{rep.index}"), shared=True,
+                           accuracy=acc(f"part{rep.index}"), shared=True, measured=store,
                            validation=(flows, f"the values flowing into it on {about}") if flows else None)
             t.info.update({"structure": key, "instances": list(idx), "ops": len(rep.graph.nodes)})
             tasks.append(t)
     phases = {"partition_s": t_part, "saturation_s": sum(t.info["saturation_s"] for t in tasks),
               "extraction_s": sum(t.info["greedy_s"] + t.info["ilp_s"] + t.info["orders_s"] for t in tasks),
-              "genome_s": sum(t.info["genome_s"] for t in tasks)}
+              "genome_s": sum(t.info["genome_s"] for t in tasks), "kernels_s": store.spent}
     shapes = {k: list(v) for k, v in graph.inputs.items()}
     peers_option(options or {})  # a bad value fails here, before anything is built or measured
     opts = {**(options or {}), "memory_budget_mb": memory_budget_mb, "seed": seed}
     if whole_below != WHOLE_BELOW:
         opts["whole_below"] = whole_below
+    if kernel_trials != TRIALS:
+        opts["kernel_trials"] = kernel_trials
     goal = Objective.parse(objective)
     if goal.kind != "latency" or goal.share_threshold != Objective().share_threshold:
         opts["objective"] = goal.to_json()
@@ -384,10 +417,10 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
 
 def zoo_workload(name: str, memory_budget_mb: float = 1024, seed: int = 0, target: str | Target = "cpu",
                  objective: "str | dict | None" = None, whole_below: int = WHOLE_BELOW,
-                 accuracy: str = "") -> Workload:
+                 accuracy: str = "", kernel_trials: int = TRIALS) -> Workload:
     """The zoo model ``name`` as a graph workload (see ``graph_workload`` for the rest)."""
     return graph_workload(ZOO[name](), name, memory_budget_mb=memory_budget_mb, seed=seed, target=target,
-                          objective=objective, whole_below=whole_below, accuracy=accuracy)
+                          objective=objective, whole_below=whole_below, accuracy=accuracy, kernel_trials=kernel_trials)
 
 
 def parse_shapes(text: str) -> dict[str, tuple[int, ...]] | None:
@@ -408,12 +441,13 @@ def parse_shapes(text: str) -> dict[str, tuple[int, ...]] | None:
 
 def file_workload(path: str, memory_budget_mb: float = 1024, seed: int = 0, input_shapes: str = "",
                   target: str | Target = "cpu", strict: bool = False, peers: str = "auto",
-                  accuracy: str = "", inputs: str = "") -> Workload:
+                  accuracy: str = "", inputs: str = "", kernel_trials: int = TRIALS) -> Workload:
     """A model file (.onnx, .pt2); ``input_shapes`` fixes dynamic sizes, e.g. ``x=1x256``; ``strict`` refuses a
     model with ops that have no rule (listing them all) instead of running them as library fallback steps;
     ``peers``: the runtimes the whole plan is timed against (``planforge.peers``: auto, compile, none);
     ``accuracy``: the accuracy budget (``graph_workload``); ``inputs``: a .npz (or, for a one-input model,
-    .npy) of real inputs that quantised plans are judged on (``load_inputs``; recorded with its hash)."""
+    .npy) of real inputs that quantised plans are judged on (``load_inputs``; recorded with its hash);
+    ``kernel_trials``: settings of each seed kernel measured alone before the search (``graph_workload``)."""
     from ..ir import load_model
 
     peers_option({"peers": peers})
@@ -424,7 +458,7 @@ def file_workload(path: str, memory_budget_mb: float = 1024, seed: int = 0, inpu
             **({"peers": peers} if peers != "auto" else {}),
             **({"inputs": {"file": os.path.abspath(inputs), "sha256": digest}} if inputs else {})}
     return graph_workload(g, os.path.abspath(path), opts, memory_budget_mb=memory_budget_mb, seed=seed, target=target,
-                          accuracy=accuracy, example_inputs=given)
+                          accuracy=accuracy, example_inputs=given, kernel_trials=kernel_trials)
 
 
 def load_inputs(path: str, graph: Graph) -> tuple[list[list[np.ndarray]], str]:

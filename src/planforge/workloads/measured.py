@@ -1,0 +1,115 @@
+"""Kernel settings ranked by measurement before a graph's plan search.
+
+A graph's genome gives each template node a list of knob settings ranked by its kernel's analytic model, and the
+seed plans run each node at the first. Among the model's best the predictions are nearly flat where the kernels
+are not: a 32x256x256 GEMM's first six settings are all predicted at 29 us and measure 21 to 50 us, a 32x1024x256
+one's 88 to 200 us; the whole-model search, a few evaluations per task over dozens of knob genes, rarely moves
+them. So before the search, the plans the search starts from (the lead seeds' template steps) have each distinct
+kernel problem's first ``trials`` settings measured alone, as a kernel workload measures them
+(``target.kernel_backend``), and every node of that problem has its settings reordered fastest first: the seeds
+then run measured kernels, and the knob genes step from them. Equal problems (the same layer in every block, in
+every part) are measured once per workload; the largest by predicted time first, within ``seconds``.
+
+A kernel that fails to build or run goes last among its node's settings, with its outcome in the summary; a
+target without kernel backends, or a problem its kernel backend refuses, keeps the model's order.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+TRIALS = 16  # settings measured per distinct kernel problem (0: none, the model's order)
+SECONDS = 90.0  # wall seconds a workload spends on them at most
+
+
+@dataclass
+class Measured:
+    """What one workload measured so far, shared by its tasks: per problem, its settings' seconds (None: failed)
+    in the order measured, and the clock."""
+
+    trials: int = TRIALS
+    seconds: float = SECONDS
+    times: dict[Any, list[tuple[dict, float | None]]] = field(default_factory=dict)
+    notes: dict[Any, str] = field(default_factory=dict)
+    spent: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """For the workload's phases: problems measured, settings, seconds, and where the first setting (the model's
+        pick) stood against the fastest."""
+        gains = [ts[0][1] / min(t for _, t in ts if t is not None) for ts in self.times.values()
+                 if ts and ts[0][1] is not None and any(t is not None for _, t in ts)]
+        return {"problems": len(self.times), "settings": sum(len(v) for v in self.times.values()),
+                "seconds": round(self.spent, 2),
+                "first_over_best_median": round(sorted(gains)[len(gains) // 2], 3) if gains else None,
+                "failed": {str(k): v for k, v in self.notes.items()}}
+
+
+def _label(problem) -> str:
+    dims = "x".join(map(str, getattr(problem, "dims", ())))
+    return f"{getattr(problem, 'op', type(problem).__name__)} {dims} {getattr(problem, 'epilogue', '')}".strip()
+
+
+def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: int, store: Measured,
+                           seed: int = 0) -> dict[str, Any]:
+    """Measure the problems of the template nodes the lead seeds run (``configs_of``: those nodes' ids, each with a
+    seed's config) that ``store`` has not measured yet, largest predicted share first (``weight``: how many times the
+    task runs per model call), and reorder the settings of every node of ``genome`` whose problem ``store`` holds
+    fastest first. Returns, per problem the seeds run, how many settings were measured and the first and best
+    seconds."""
+    nodes: dict[Any, list[str]] = {}  # every node of each problem: equal problems keep equal settings
+    for nid in genome.predicted:  # a template node with a model and one knob space (not a stratified one)
+        nodes.setdefault(genome.problems[nid], []).append(nid)
+    wanted = {genome.problems[nid] for nid in configs_of if nid in genome.predicted}
+    order = sorted(wanted, key=lambda p: -weight * max(genome.predicted[n] for n in nodes[p]))
+    for problem in order:
+        if problem not in store.times and problem not in store.notes:
+            if store.spent >= store.seconds:
+                break
+            _measure(problem, genome.configs[nodes[problem][0]][:store.trials], target, store, seed)
+    out = {}
+    for problem, ts in store.times.items():
+        if problem not in nodes or not ts:
+            continue
+        rank = {repr(sorted(c.items())): (t is None, t or 0.0, i) for i, (c, t) in enumerate(ts)}
+        for nid in nodes[problem]:
+            cfgs = genome.configs[nid]
+            key = [rank.get(repr(sorted(c.items()))) for c in cfgs]
+            # measured and ok, fastest first; then the ones not measured, in the model's order; failures last
+            idx = sorted(range(len(cfgs)), key=lambda i: (0, key[i][1], i) if key[i] and not key[i][0] else
+                         (1, 0.0, i) if key[i] is None else (2, 0.0, i))
+            genome.configs[nid] = [cfgs[i] for i in idx]
+            best = key[idx[0]]
+            if best and not best[0]:
+                genome.predicted[nid] = best[1]
+        if problem in wanted:
+            ok = [t for _, t in ts if t is not None]
+            out[_label(problem)] = {"measured": len(ts), "first_s": ts[0][1], "best_s": min(ok) if ok else None}
+    return out
+
+
+def _measure(problem, configs: list[dict], target, store: Measured, seed: int) -> None:
+    t0 = time.perf_counter()
+    try:
+        backend = target.kernel_backend(problem, seed=seed)
+    except Exception as e:  # a target without kernel backends, or one refusing this problem: the model's order
+        store.notes[problem] = f"{type(e).__name__}: {e}"
+        store.spent += time.perf_counter() - t0
+        return
+    try:
+        space = target.knob_space(problem)
+        outs = backend.measure([space.make(c) for c in configs])
+        store.times[problem] = [(c, o.metric if o.ok else None) for c, o in zip(configs, outs)]
+        bad = [o for o in outs if not o.ok]
+        if bad:
+            store.notes[problem] = f"{len(bad)} of {len(outs)} settings failed: {bad[0].status} {bad[0].message[:200]}"
+    except Exception as e:  # a broken kernel backend: the model's order, and why
+        store.notes[problem] = f"{type(e).__name__}: {e}"
+    finally:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+        store.spent += time.perf_counter() - t0
+
+
+__all__ = ["Measured", "SECONDS", "TRIALS", "measure_first_settings"]

@@ -1,0 +1,102 @@
+"""Kernel settings ranked by measurement before a graph's plan search (``workloads.measured``)."""
+from types import SimpleNamespace
+
+import pytest
+
+from planforge.outcome import Outcome
+from planforge.space import Knob, Space
+from planforge.workloads.measured import Measured, measure_first_settings
+
+
+class _Backend:
+    """Measures a setting at ``times[tile]`` seconds; a tile of None fails to build."""
+
+    def __init__(self, times, log):
+        self.times, self.log = times, log
+
+    def measure(self, cands):
+        self.log.extend(c["tile"] for c in cands)
+        return [Outcome.invalid("compile", "no") if self.times[c["tile"]] is None else
+                Outcome.measured([self.times[c["tile"]]] * 3) for c in cands]
+
+    def close(self):
+        self.log.append("closed")
+
+
+class _Target:
+    def __init__(self, times, refuse=()):
+        self.times, self.refuse, self.log = times, set(refuse), []
+
+    def knob_space(self, problem):
+        return Space([Knob("tile", tuple(range(len(self.times))), "categorical")])
+
+    def kernel_backend(self, problem, seed=0):
+        if problem in self.refuse:
+            raise ValueError(f"no kernel for {problem}")
+        return _Backend(self.times, self.log)
+
+
+def _genome(problems: dict[str, str], n: int):
+    """A genome's fields the ranking reads: node -> problem, node -> settings (tile 0..n-1, the model's order),
+    node -> predicted seconds."""
+    return SimpleNamespace(problems=dict(problems), configs={nid: [{"tile": i} for i in range(n)] for nid in problems},
+                           predicted={nid: 1.0 + i for i, nid in enumerate(problems)})
+
+
+def test_settings_are_reordered_fastest_first_failures_last_and_equal_problems_measured_once():
+    times = [5.0, 2.0, None, 1.0, 9.0, 3.0]  # the model's first is slow, its third fails, its fourth is fastest
+    target = _Target(times)
+    store = Measured(trials=5)
+    g = _genome({"a": "gemm 32x256x256", "b": "gemm 32x256x256"}, 6)
+    info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
+    # five measured once for the two nodes of one problem, then the backend closed
+    assert target.log == [0, 1, 2, 3, 4, "closed"]
+    for nid in "ab":
+        assert [c["tile"] for c in g.configs[nid]] == [3, 1, 0, 4, 5, 2]  # measured, not measured (5), failed
+        assert g.predicted[nid] == 1.0
+    assert list(info.values()) == [{"measured": 5, "first_s": 5.0, "best_s": 1.0}]
+    assert "1 of 5 settings failed" in next(iter(store.notes.values()))
+    # another task's node of the same problem reuses the measurements
+    g2 = _genome({"c": "gemm 32x256x256"}, 6)
+    measure_first_settings(g2, target, {"c": {}}, 1, store)
+    assert target.log == [0, 1, 2, 3, 4, "closed"] and [c["tile"] for c in g2.configs["c"]][:2] == [3, 1]
+    assert store.summary()["problems"] == 1 and store.summary()["first_over_best_median"] == 5.0
+
+
+def test_a_refused_problem_keeps_the_models_order_and_says_why():
+    target = _Target([2.0, 1.0], refuse={"conv odd"})
+    store = Measured(trials=2)
+    g = _genome({"a": "conv odd", "b": "gemm"}, 2)
+    measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
+    assert [c["tile"] for c in g.configs["a"]] == [0, 1] and [c["tile"] for c in g.configs["b"]] == [1, 0]
+    assert "no kernel for conv odd" in store.notes["conv odd"]
+    assert store.summary()["failed"] == {"conv odd": "ValueError: no kernel for conv odd"}
+
+
+def test_the_time_budget_stops_measuring_the_smaller_problems():
+    target = _Target([2.0, 1.0])
+    store = Measured(trials=2, seconds=0.0)
+    g = _genome({"a": "gemm", "b": "gemm2"}, 2)
+    measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
+    assert target.log == [] and [c["tile"] for c in g.configs["a"]] == [0, 1]
+
+
+def test_a_model_workloads_seeds_run_measured_kernels(profile):
+    """Built for real: the lead seed's kernels have their first settings measured, each node's first setting is
+    the fastest measured, the task says so, and kernel_trials=0 keeps the model's order (in the manifest)."""
+    from planforge.ir import ZOO
+    from planforge.workloads.models import graph_workload
+    from planforge.workloads.base import WorkloadError
+
+    g = ZOO["transformer-block"]()
+    wl = graph_workload(g, "tb", kernel_trials=3)
+    measured = {k: v for t in wl.tasks for k, v in t.info.get("measured_settings", {}).items()}
+    assert measured and all(v["measured"] == 3 for v in measured.values())
+    assert any(k.startswith("gemm") for k in measured)
+    for v in measured.values():
+        assert v["best_s"] is not None and v["best_s"] <= v["first_s"]
+    assert wl.manifest.options["kernel_trials"] == 3 and wl.phases["kernels_s"] > 0
+    plain = graph_workload(g, "tb", kernel_trials=0)
+    assert not any("measured_settings" in t.info for t in plain.tasks) and plain.phases["kernels_s"] == 0
+    with pytest.raises(WorkloadError, match="kernel_trials"):
+        graph_workload(g, "tb", kernel_trials=-1)
