@@ -294,10 +294,12 @@ def profile(plan, xs, reps: int = 200, cold_reps: int = 3) -> list[tuple[str, fl
     for k, alone, chained, cold in rows:
         e = per.setdefault(k, [0.0, 0.0, 0.0, 0])
         e[0] += alone
-        e[1] += statistics.median(chained)
+        # (a step that runs inside a compiled chain runner is not called through ``part.steps``: no in-chain time)
+        e[1] += statistics.median(chained) if chained else float("nan")
         e[2] += cold
         e[3] += 1
-    return sorted(((k, a, c, d, n) for k, (a, c, d, n) in per.items()), key=lambda r: -r[2])
+    return sorted(((k, a, c, d, n) for k, (a, c, d, n) in per.items()),
+                  key=lambda r: -(r[2] if r[2] == r[2] else r[1]))
 
 
 def fmt(s: float) -> str:
