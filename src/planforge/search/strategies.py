@@ -193,9 +193,8 @@ class Genetic(Strategy):
     while new ones remain, then any of its choices), not random points: a
     uniform point of a graph's genome picks every e-class's implementation at
     random and is rarely a good plan, where the seeds already compare the
-    extracted ones. ``later`` seeds (the ones a small
-    budget leaves out of the first proposals) come after that phase, before
-    any crossover.
+    extracted ones. ``later`` seeds (the ones a small budget leaves out of
+    the first proposals) come after that phase, before any crossover.
 
     Parameters: population (default 8), parents (default 4), mutation
     (default 0.3), max_duplicates (default 50).
@@ -204,7 +203,9 @@ class Genetic(Strategy):
     name = "genetic"
     takes_initial = True
     takes_later = True
-    settings = (Setting("population", "int", 8, "random proposals before breeding starts", low=1),
+    settings = (Setting("population", "int", 8,
+                        "proposals before breeding starts (random; one-knob steps from the best seed when seeded)",
+                        low=1),
                 Setting("parents", "int", 4, "best measured candidates kept as parents", low=2),
                 Setting("mutation", "float", 0.3, "chance that a child is mutated in one gene", low=0, high=1))
 
