@@ -1,4 +1,5 @@
 """Kernel settings ranked by measurement before a graph's plan search (``workloads.measured``)."""
+from collections import namedtuple
 from types import SimpleNamespace
 
 import pytest
@@ -6,6 +7,10 @@ import pytest
 from planforge.outcome import Outcome
 from planforge.space import Knob, Space
 from planforge.workloads.measured import Measured, measure_first_settings
+
+
+P = namedtuple("P", "op dims epilogue")  # a kernel problem as the ranking reads it: hashable, labelled
+GEMM, GEMM2, CONV = P("gemm", (32, 256, 256), "bias"), P("gemm", (32, 256, 1024), "bias"), P("conv", (1, 3), "odd")
 
 
 class _Backend:
@@ -47,36 +52,39 @@ def test_settings_are_reordered_fastest_first_failures_last_and_equal_problems_m
     times = [5.0, 2.0, None, 1.0, 9.0, 3.0]  # the model's first is slow, its third fails, its fourth is fastest
     target = _Target(times)
     store = Measured(trials=5)
-    g = _genome({"a": "gemm 32x256x256", "b": "gemm 32x256x256"}, 6)
+    g = _genome({"a": GEMM, "b": GEMM}, 6)
     info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
     # five measured once for the two nodes of one problem, then the backend closed
     assert target.log == [0, 1, 2, 3, 4, "closed"]
     for nid in "ab":
         assert [c["tile"] for c in g.configs[nid]] == [3, 1, 0, 4, 5, 2]  # measured, not measured (5), failed
         assert g.predicted[nid] == 1.0
-    assert list(info.values()) == [{"measured": 5, "first_s": 5.0, "best_s": 1.0}]
+    assert list(info) == ["gemm 32x256x256 bias"]
+    (row,) = info.values()
+    assert row["measured"] == 5 and row["first_s"] == 5.0 and row["best_s"] == 1.0
+    assert row["note"].startswith("1 of 5 settings failed: invalid")
     assert "1 of 5 settings failed" in next(iter(store.notes.values()))
     # another task's node of the same problem reuses the measurements
-    g2 = _genome({"c": "gemm 32x256x256"}, 6)
+    g2 = _genome({"c": GEMM}, 6)
     measure_first_settings(g2, target, {"c": {}}, 1, store)
     assert target.log == [0, 1, 2, 3, 4, "closed"] and [c["tile"] for c in g2.configs["c"]][:2] == [3, 1]
-    assert store.summary()["problems"] == 1 and store.summary()["first_over_best_median"] == 5.0
+    assert list(store.times) == [GEMM] and store.times[GEMM][3] == ({"tile": 3}, 1.0)
 
 
 def test_a_refused_problem_keeps_the_models_order_and_says_why():
-    target = _Target([2.0, 1.0], refuse={"conv odd"})
+    target = _Target([2.0, 1.0], refuse={CONV})
     store = Measured(trials=2)
-    g = _genome({"a": "conv odd", "b": "gemm"}, 2)
-    measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
+    g = _genome({"a": CONV, "b": GEMM}, 2)
+    info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
     assert [c["tile"] for c in g.configs["a"]] == [0, 1] and [c["tile"] for c in g.configs["b"]] == [1, 0]
-    assert "no kernel for conv odd" in store.notes["conv odd"]
-    assert store.summary()["failed"] == {"conv odd": "ValueError: no kernel for conv odd"}
+    assert info["conv 1x3 odd"] == {"measured": 0, "note": f"ValueError: no kernel for {CONV}"}
+    assert list(store.notes) == [CONV] and list(store.times) == [GEMM]
 
 
 def test_the_time_budget_stops_measuring_the_smaller_problems():
     target = _Target([2.0, 1.0])
     store = Measured(trials=2, seconds=0.0)
-    g = _genome({"a": "gemm", "b": "gemm2"}, 2)
+    g = _genome({"a": GEMM, "b": GEMM2}, 2)
     measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
     assert target.log == [] and [c["tile"] for c in g.configs["a"]] == [0, 1]
 

@@ -10,8 +10,9 @@ kernel problem's first ``trials`` settings measured alone, as a kernel workload 
 then run measured kernels, and the knob genes step from them. Equal problems (the same layer in every block, in
 every part) are measured once per workload; the largest by predicted time first, within ``seconds``.
 
-A kernel that fails to build or run goes last among its node's settings, with its outcome in the summary; a
-target without kernel backends, or a problem its kernel backend refuses, keeps the model's order.
+A kernel that fails to build or run goes last among its node's settings, and the task's ``measured_settings``
+says how it failed; a target without kernel backends, or a problem its kernel backend refuses, keeps the model's
+order, and says why.
 """
 from __future__ import annotations
 
@@ -33,16 +34,6 @@ class Measured:
     times: dict[Any, list[tuple[dict, float | None]]] = field(default_factory=dict)
     notes: dict[Any, str] = field(default_factory=dict)
     spent: float = 0.0
-
-    def summary(self) -> dict[str, Any]:
-        """For the workload's phases: problems measured, settings, seconds, and where the first setting (the model's
-        pick) stood against the fastest."""
-        gains = [ts[0][1] / min(t for _, t in ts if t is not None) for ts in self.times.values()
-                 if ts and ts[0][1] is not None and any(t is not None for _, t in ts)]
-        return {"problems": len(self.times), "settings": sum(len(v) for v in self.times.values()),
-                "seconds": round(self.spent, 2),
-                "first_over_best_median": round(sorted(gains)[len(gains) // 2], 3) if gains else None,
-                "failed": {str(k): v for k, v in self.notes.items()}}
 
 
 def _label(problem) -> str:
@@ -85,6 +76,9 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
         if problem in wanted:
             ok = [t for _, t in ts if t is not None]
             out[_label(problem)] = {"measured": len(ts), "first_s": ts[0][1], "best_s": min(ok) if ok else None}
+    for problem in wanted:  # what failed, or was refused, and why
+        if problem in store.notes:
+            out.setdefault(_label(problem), {"measured": 0})["note"] = store.notes[problem]
     return out
 
 

@@ -256,15 +256,16 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     # the kernels of the ILP's plan and of the next cheapest have their first settings measured and reordered
     # fastest first (``workloads.measured``), which also makes those prices measured ones.
     measured_info: dict[str, Any] = {}
-    t_measure = [0.0]
+    t_measure = 0.0
 
     def measure(choice) -> None:
+        nonlocal t_measure
         if measured is not None and measured.trials > 0:
             t = time.perf_counter()
             steps = genome.template_steps(genome.candidate_of(choice).as_dict())
             measured_info.update(measure_first_settings(genome, target, {nid: k for nid, _, k in steps}, weight,
                                                         measured, seed))
-            t_measure[0] += time.perf_counter() - t
+            t_measure += time.perf_counter() - t
 
     measure(i_choice)
     others = [("greedy", g_choice), *orders.items()]
@@ -310,8 +311,8 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
                 record=(lambda c: {**check.record(c), "screen": strata.screens}) if check else None)
     task.seeds, task.lead_seeds = seeds, lead
     task.info = {**genome.describe(), "pruned_by_memory": len(pruned), "saturation_s": t1 - t0,
-                 "greedy_s": t2 - t1, "ilp_s": t4 - t3, "ilp": how, "genome_s": (t3 - t2) + (t6 - t5) - t_measure[0],
-                 "orders_s": t5 - t4, "kernels_s": t_measure[0], "seeds": list(seed_of.values())}
+                 "greedy_s": t2 - t1, "ilp_s": t4 - t3, "ilp": how, "genome_s": (t3 - t2) + (t6 - t5) - t_measure,
+                 "orders_s": t5 - t4, "kernels_s": t_measure, "seeds": list(seed_of.values())}
     if measured_info:
         task.info["measured_settings"] = measured_info
     return task
