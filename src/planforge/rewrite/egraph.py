@@ -8,6 +8,7 @@ is the one place that touches it.
 """
 from __future__ import annotations
 
+import gc
 import json
 import time
 import traceback
@@ -110,6 +111,15 @@ def encode(g: Graph, eg: EGraph) -> T:
 
 def _size(eg: EGraph) -> int:
     return sum(n for _, n in eg.all_function_sizes())
+
+
+def release_egraphs() -> None:
+    """Free the e-graphs that are garbage by now, on this thread. egglog's e-graph may not be dropped on another
+    thread, and one caught in a reference cycle is freed whenever the cycle collector next runs, on whichever thread
+    allocates then: a kernel build thread or a measurement worker's reader, where egglog prints "EGraph is
+    unsendable, but is being dropped on another thread" to the user's terminal (and leaks it). Call it after the
+    e-graphs of a plan are read and before threads start."""
+    gc.collect()
 
 
 def saturate(g: Graph, rulesets: list[str], limits: Limits = Limits()) -> EClassGraph:

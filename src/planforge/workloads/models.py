@@ -23,7 +23,7 @@ from ..ir import ZOO, Graph
 from ..ir.graph import INPUT_DTYPES, values_of
 from ..ops.fallback import steps as fallback_steps
 from ..peers import peers_option
-from ..rewrite import Limits, saturate
+from ..rewrite import Limits, release_egraphs, saturate
 from ..rewrite.analysis import analyse, estimate
 from ..rewrite.extract import greedy, ilp, prune_memory, reachable, usable
 from ..rewrite.partition import WHOLE_BELOW, partition
@@ -246,6 +246,7 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     i_choice, how = ilp(eg, costs, allowed)
     t4 = time.perf_counter()
     orders = _order_choices(graph, eg, names, limits, costs, allowed)
+    release_egraphs()  # the fixed orders' e-graphs, before the kernel measurements start threads
     t5 = time.perf_counter()
     # then the greedy extraction and each fixed order's, cheapest first at their kernels' prices: each template
     # step at what its kernel's model predicts for the setting a seed runs, where the roofline prices every template
