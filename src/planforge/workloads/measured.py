@@ -62,17 +62,19 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
     for problem, ts in store.times.items():
         if problem not in nodes or not ts:
             continue
-        rank = {repr(sorted(c.items())): (t is None, t or 0.0, i) for i, (c, t) in enumerate(ts)}
+        times = {repr(sorted(c.items())): t for c, t in ts}
+
+        def place(i: int, c: dict) -> tuple:
+            """Measured and ok, fastest first; then the ones not measured, in the model's order; failures last."""
+            k = repr(sorted(c.items()))
+            return (1, 0.0, i) if k not in times else (2, 0.0, i) if times[k] is None else (0, times[k], i)
+
         for nid in nodes[problem]:
-            cfgs = genome.configs[nid]
-            key = [rank.get(repr(sorted(c.items()))) for c in cfgs]
-            # measured and ok, fastest first; then the ones not measured, in the model's order; failures last
-            idx = sorted(range(len(cfgs)), key=lambda i: (0, key[i][1], i) if key[i] and not key[i][0] else
-                         (1, 0.0, i) if key[i] is None else (2, 0.0, i))
-            genome.configs[nid] = [cfgs[i] for i in idx]
-            best = key[idx[0]]
-            if best and not best[0]:
-                genome.predicted[nid] = best[1]
+            cfgs = sorted(enumerate(genome.configs[nid]), key=lambda ic: place(*ic))
+            genome.configs[nid] = [c for _, c in cfgs]
+            first = place(*cfgs[0])
+            if first[0] == 0:
+                genome.predicted[nid] = first[1]
         if problem in wanted:
             ok = [t for _, t in ts if t is not None]
             out[_label(problem)] = {"measured": len(ts), "first_s": ts[0][1], "best_s": min(ok) if ok else None}
@@ -84,25 +86,21 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
 
 def _measure(problem, configs: list[dict], target, store: Measured, seed: int) -> None:
     t0 = time.perf_counter()
+    backend = None
     try:
+        # a target without kernel backends, one refusing this problem, or a broken backend: the model's order, and why
         backend = target.kernel_backend(problem, seed=seed)
-    except Exception as e:  # a target without kernel backends, or one refusing this problem: the model's order
-        store.notes[problem] = f"{type(e).__name__}: {e}"
-        store.spent += time.perf_counter() - t0
-        return
-    try:
         space = target.knob_space(problem)
         outs = backend.measure([space.make(c) for c in configs])
         store.times[problem] = [(c, o.metric if o.ok else None) for c, o in zip(configs, outs)]
         bad = [o for o in outs if not o.ok]
         if bad:
             store.notes[problem] = f"{len(bad)} of {len(outs)} settings failed: {bad[0].status} {bad[0].message[:200]}"
-    except Exception as e:  # a broken kernel backend: the model's order, and why
+    except Exception as e:
         store.notes[problem] = f"{type(e).__name__}: {e}"
     finally:
-        close = getattr(backend, "close", None)
-        if close is not None:
-            close()
+        if backend is not None and hasattr(backend, "close"):
+            backend.close()
         store.spent += time.perf_counter() - t0
 
 
