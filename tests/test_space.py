@@ -113,3 +113,19 @@ def test_nearest_valid_snaps_a_default_that_breaks_the_rules():
     tight = Space([categorical("a", (1, 2, 3)), categorical("b", (1, 2, 3))], ["a + b <= 2"])
     assert tight.nearest_valid({"a": 3, "b": 3}, max_changes=1) is None               # needs both to move
     assert tight.nearest_valid({"a": 3, "b": 3}).as_dict() == {"a": 1, "b": 1}
+
+
+def test_sampling_a_space_too_large_to_enumerate_whose_rules_reject_nearly_every_draw():
+    # 10^8 points, one in 10^4 valid: rejection sampling's 256 draws almost always miss, and the space is past the
+    # enumeration limit (a GEMM's space on 4 cores was, and tuning crashed with "too large to enumerate")
+    sp = Space([int_range(n, 0, 9) for n in "abcdefgh"], ["a == 3 and b == 7", "c + d == 1", "h != 0"])
+    assert sp.size > 5_000_000
+    rng = random.Random(0)
+    got = [sp.sample(rng) for _ in range(40)]
+    assert all(sp.is_valid(c) and c["a"] == 3 and c["b"] == 7 and c["c"] + c["d"] == 1 for c in got)
+    assert len({c.fingerprint for c in got}) > 30  # random, not one point again and again
+    again = random.Random(0)
+    assert [c.fingerprint for c in got] == [sp.sample(again).fingerprint for _ in range(40)]  # seeded
+    empty = Space([int_range(n, 0, 9) for n in "abcdefgh"], ["a + b > 30"])
+    with pytest.raises(SpaceError, match="no valid point"):
+        empty.sample(random.Random(0))

@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .restrict import Restriction, RestrictionError
 
+ENUMERATE_LIMIT = 5_000_000  # points of a cross product that ``valid_ints`` enumerates at most
+
 Value = Any  # str | int | float | bool: anything JSON can hold exactly
 
 
@@ -273,7 +275,8 @@ class Space:
                     break
                 d -= 1
 
-    def valid_ints(self, limit: int = 5_000_000) -> list[int]:
+    def valid_ints(self, limit: int | None = None) -> list[int]:
+        limit = ENUMERATE_LIMIT if limit is None else limit
         if self._valid is None:
             if self.size > limit:
                 raise SpaceError(f"space of {self.size} points is too large to enumerate (limit {limit})")
@@ -282,20 +285,56 @@ class Space:
 
     # -- sampling and moves ----------------------------------------------
     def sample(self, rng: random.Random, tries: int = 256) -> Candidate:
-        """A point drawn uniformly among the valid ones.
+        """A point drawn among the valid ones.
 
         Rejection sampling on the cross product (exactly uniform); when the
-        restrictions reject nearly everything, draws from the enumerated valid
-        set instead."""
+        restrictions reject nearly everything, a draw from the enumerated valid
+        set (uniform too), or, where the space is too large to enumerate, a
+        random descent (valid, not exactly uniform)."""
         if self._valid is None:
             for _ in range(tries):
                 idx = tuple(rng.randrange(r) for r in self._radix)
                 if self.is_valid_index(idx):
                     return self.candidate(idx)
+            if self.size > ENUMERATE_LIMIT:
+                # a GEMM's space grows with the core count (its threads knob): 4.2 M points on 2 cores, where a few
+                # shapes' restrictions reject 255 draws in a row 2% of the time, and 8.4 M on 4 cores, past the limit
+                idx = self._descend(rng)
+                if idx is None:
+                    raise SpaceError("the space has no valid point: its restrictions exclude everything")
+                return self.candidate(idx)
         valid = self.valid_ints()
         if not valid:
             raise SpaceError("the space has no valid point: its restrictions exclude everything")
         return self.candidate(self.from_int(valid[rng.randrange(len(valid))]))
+
+    def _descend(self, rng: random.Random) -> tuple[int, ...] | None:
+        """A valid point found depth first with each knob's values in random order, a prefix abandoned as soon as
+        a rule over its knobs fails (``_enumerate_idx``'s pruning); None when there is none."""
+        env = dict(self.constants)
+        if not self.knobs or not all(r(env) for r in self._always):
+            return None
+        n = len(self.knobs)
+        orders = [rng.sample(range(r), r) for r in self._radix[:1]]
+        pos = [0]
+        while orders:
+            d = len(orders) - 1
+            if pos[d] >= len(orders[d]):  # every value at this depth failed: back up one
+                orders.pop()
+                pos.pop()
+                if pos:
+                    pos[-1] += 1
+                continue
+            k = self.knobs[d]
+            env[k.name] = k.values[orders[d][pos[d]]]
+            if not all(r(env) for r in self._rules_at[d]):
+                pos[d] += 1
+            elif d == n - 1:
+                return tuple(o[p] for o, p in zip(orders, pos))
+            else:
+                orders.append(rng.sample(range(self._radix[d + 1]), self._radix[d + 1]))
+                pos.append(0)
+        return None
 
     def _movable(self, c: Candidate) -> list[int]:
         live = None if self.active is None else self.active(c.as_dict())
