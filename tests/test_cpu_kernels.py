@@ -51,6 +51,42 @@ def test_gemm_odd_shapes_every_sampled_setting(profile, dims, epilogue):
     assert assert_all_correct(Problem("gemm", dims, epilogue), profile, n, seed=hash(dims) % 1000) >= 1
 
 
+def test_gemm_with_constant_weights_is_measured_with_b_packed_once(profile):
+    """A plan's GEMM packs a constant B when bound; measured as the plan runs it (the packing done once, not timed),
+    a packing setting on odd shapes is still checked against the reference, after repeated calls too."""
+    p = Problem("gemm", (37, 300, 257), "bias_relu")
+    space = TEMPLATES["gemm"].space(p, limits(profile))
+    c = next(c for c in sample_knobs(space, 200, seed=3) if c["pack_b"] == 1 and c["threads"] == 1)
+    outs = {}
+    for const in (False, True):
+        be = CpuBackend(p, TEMPLATES["gemm"], profile, constant_weights=const,
+                        timing=TimingConfig(warmup_s=0.005, budget_s=0.02, min_repeats=5, max_repeats=20))
+        try:
+            assert be.describe().get("constant_weights", False) == const
+            outs[const] = be.measure([c])[0]
+        finally:
+            be.close()
+    assert outs[False].ok and outs[True].ok, (outs[False].message, outs[True].message)
+
+
+@pytest.mark.parametrize("const", [False, True])
+def test_the_measuring_job_binds_a_constant_b_as_a_plan_does(profile, monkeypatch, const):
+    from planforge.targets.cpu import job
+    from planforge.targets.cpu.templates import gemm
+
+    p = Problem("gemm", (9, 40, 33), "bias")
+    knobs = dict(TEMPLATES["gemm"].defaults(p, limits(profile)), pack_b=1, threads=1)
+    seen = []
+    real = gemm.bind
+    monkeypatch.setattr(gemm, "bind", lambda *a: seen.append(a[-1]) or real(*a))
+    be = CpuBackend(p, TEMPLATES["gemm"], profile, timing=ONCE, constant_weights=const)
+    try:
+        got = job.run_job(be._job("kernel", knobs, str(build(TEMPLATES["gemm"].source(p, knobs)).path)))
+    finally:
+        be.close()
+    assert got["status"] == "ok" and seen and all(s is const for s in seen)
+
+
 @pytest.mark.parametrize("dims", [(1, 1), (13, 5), (129, 65), (256, 256)])
 @pytest.mark.parametrize("epilogue", ["none", "bias_relu", "bias_gelu"])
 def test_gemv_odd_shapes(profile, dims, epilogue):

@@ -35,9 +35,10 @@ class _Target:
     def knob_space(self, problem):
         return Space([Knob("tile", tuple(range(len(self.times))), "categorical")])
 
-    def kernel_backend(self, problem, seed=0):
+    def kernel_backend(self, problem, seed=0, constant_weights=False):
         if problem in self.refuse:
             raise ValueError(f"no kernel for {problem}")
+        self.log.append(("const",) if constant_weights else ())
         return _Backend(self.times, self.log)
 
 
@@ -55,7 +56,7 @@ def test_settings_are_reordered_fastest_first_failures_last_and_equal_problems_m
     g = _genome({"a": GEMM, "b": GEMM}, 6)
     info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
     # five measured once for the two nodes of one problem, then the backend closed
-    assert target.log == [0, 1, 2, 3, 4, "closed"]
+    assert target.log == [(), 0, 1, 2, 3, 4, "closed"]
     for nid in "ab":
         assert [c["tile"] for c in g.configs[nid]] == [3, 1, 0, 4, 5, 2]  # measured, not measured (5), failed
         assert g.predicted[nid] == 1.0
@@ -67,8 +68,8 @@ def test_settings_are_reordered_fastest_first_failures_last_and_equal_problems_m
     # another task's node of the same problem reuses the measurements
     g2 = _genome({"c": GEMM}, 6)
     measure_first_settings(g2, target, {"c": {}}, 1, store)
-    assert target.log == [0, 1, 2, 3, 4, "closed"] and [c["tile"] for c in g2.configs["c"]][:2] == [3, 1]
-    assert list(store.times) == [GEMM] and store.times[GEMM][3] == ({"tile": 3}, 1.0)
+    assert target.log == [(), 0, 1, 2, 3, 4, "closed"] and [c["tile"] for c in g2.configs["c"]][:2] == [3, 1]
+    assert list(store.times) == [(GEMM, False)] and store.times[GEMM, False][3] == ({"tile": 3}, 1.0)
 
 
 def test_a_refused_problem_keeps_the_models_order_and_says_why():
@@ -78,7 +79,18 @@ def test_a_refused_problem_keeps_the_models_order_and_says_why():
     info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
     assert [c["tile"] for c in g.configs["a"]] == [0, 1] and [c["tile"] for c in g.configs["b"]] == [1, 0]
     assert info["conv 1x3 odd"] == {"measured": 0, "note": f"ValueError: no kernel for {CONV}"}
-    assert list(store.notes) == [CONV] and list(store.times) == [GEMM]
+    assert list(store.notes) == [(CONV, False)] and list(store.times) == [(GEMM, False)]
+
+
+def test_a_node_with_constant_weights_is_measured_as_its_plan_binds_it_apart_from_one_without():
+    # the same GEMM with a parameter for B (packed once when its plan is loaded) and with an activation for B
+    target = _Target([3.0, 1.0, 2.0])
+    store = Measured(trials=3)
+    g = _genome({"w": GEMM, "x": GEMM}, 3)
+    info = measure_first_settings(g, target, {"w": {}, "x": {}}, 1, store, constant=lambda nid: nid == "w")
+    assert target.log.count(("const",)) == 1 and target.log.count(()) == 1  # two problems, one of each
+    assert set(store.times) == {(GEMM, True), (GEMM, False)}
+    assert set(info) == {"gemm 32x256x256 bias", "gemm 32x256x256 bias (constant weights)"}
 
 
 def test_the_time_budget_stops_measuring_the_smaller_problems():

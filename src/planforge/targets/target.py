@@ -252,7 +252,10 @@ class Target(Protocol):
 
     def libraries(self) -> list[str]: ...
 
-    def kernel_backend(self, problem: Any, seed: int = 0) -> Backend: ...
+    def kernel_backend(self, problem: Any, seed: int = 0, constant_weights: bool = False) -> Backend:
+        """Measures settings of ``problem``'s kernel. ``constant_weights``: its weight operand is a constant of a
+        model's plan, which a kernel may prepare once when the plan is loaded (a GEMM packs B into panels), so
+        that the preparation is not timed; default False: every operand is an input of each call."""
 
     def graph_backend(self, graph: Any, genome: Any, seed: int = 0, accuracy: dict | None = None) -> Backend:
         """``accuracy``: the budget a plan with quantised weights is judged by (``quant.Accuracy.to_json()``;
@@ -319,7 +322,7 @@ class Lookup:
     def libraries(self) -> list[str]:
         return []
 
-    def kernel_backend(self, problem: Any, seed: int = 0) -> Backend:
+    def kernel_backend(self, problem: Any, seed: int = 0, constant_weights: bool = False) -> Backend:
         raise self._refuse("kernel backend")
 
     def graph_backend(self, graph: Any, genome: Any, seed: int = 0, accuracy: dict | None = None) -> Backend:

@@ -8,7 +8,10 @@ them. So before the search, the plans the search starts from (the lead seeds' te
 kernel problem's first ``trials`` settings measured alone, as a kernel workload measures them
 (``target.kernel_backend``), and every node of that problem has its settings reordered fastest first: the seeds
 then run measured kernels, and the knob genes step from them. Equal problems (the same layer in every block, in
-every part) are measured once per workload; the largest by predicted time first, within ``seconds``.
+every part) are measured once per workload; the largest by predicted time first, within ``seconds``. A kernel
+whose weight operand is a constant of the plan is measured as the plan binds it (``constant_weights``: a GEMM's
+B packed once when bound, not at every call; timed with the packing, a 32x1024x256 GEMM's packed settings ran
+118-284 us against 98-120 as the plan runs them, and lost their places to unpacked ones).
 
 A kernel that fails to build or run goes last among its node's settings, and the task's ``measured_settings``
 says how it failed; a target without kernel backends, or a problem its kernel backend refuses, keeps the model's
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 TRIALS = 16  # settings measured per distinct kernel problem (0: none, the model's order)
 SECONDS = 90.0  # wall seconds a workload spends on them at most
@@ -31,36 +34,41 @@ class Measured:
 
     trials: int = TRIALS
     seconds: float = SECONDS
-    times: dict[Any, list[tuple[dict, float | None]]] = field(default_factory=dict)
+    times: dict[Any, list[tuple[dict, float | None]]] = field(default_factory=dict)  # by (problem, constant)
     notes: dict[Any, str] = field(default_factory=dict)
     spent: float = 0.0
 
 
-def _label(problem) -> str:
+def _label(problem, constant: bool = False) -> str:
     dims = "x".join(map(str, getattr(problem, "dims", ())))
-    return f"{getattr(problem, 'op', type(problem).__name__)} {dims} {getattr(problem, 'epilogue', '')}".strip()
+    label = f"{getattr(problem, 'op', type(problem).__name__)} {dims} {getattr(problem, 'epilogue', '')}".strip()
+    return label + (" (constant weights)" if constant else "")
 
 
 def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: int, store: Measured,
-                           seed: int = 0) -> dict[str, Any]:
+                           seed: int = 0, constant: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """Measure the problems of the template nodes the lead seeds run (``configs_of``: those nodes' ids, each with a
     seed's config) that ``store`` has not measured yet, largest predicted share first (``weight``: how many times the
     task runs per model call), and reorder the settings of every node of ``genome`` whose problem ``store`` holds
-    fastest first. Returns, per problem the seeds run, how many settings were measured and the first and best
+    fastest first. ``constant(node id)``: whether that node's weight operand is a constant of the plan (default
+    None: none is). Returns, per problem the seeds run, how many settings were measured and the first and best
     seconds."""
-    nodes: dict[Any, list[str]] = {}  # every node of each problem: equal problems keep equal settings
+    def key(nid: str) -> tuple[Any, bool]:
+        return genome.problems[nid], bool(constant is not None and constant(nid))
+
+    nodes: dict[Any, list[str]] = {}  # every node of each (problem, constant) key: equal problems keep equal settings
     for nid in genome.predicted:  # a template node with a model and one knob space (not a stratified one)
-        nodes.setdefault(genome.problems[nid], []).append(nid)
-    wanted = {genome.problems[nid] for nid in configs_of if nid in genome.predicted}
+        nodes.setdefault(key(nid), []).append(nid)
+    wanted = {key(nid) for nid in configs_of if nid in genome.predicted}
     order = sorted(wanted, key=lambda p: -weight * max(genome.predicted[n] for n in nodes[p]))
-    for problem in order:
-        if problem not in store.times and problem not in store.notes:
+    for pk in order:
+        if pk not in store.times and pk not in store.notes:
             if store.spent >= store.seconds:
                 break
-            _measure(problem, genome.configs[nodes[problem][0]][:store.trials], target, store, seed)
+            _measure(pk, genome.configs[nodes[pk][0]][:store.trials], target, store, seed)
     out = {}
-    for problem, ts in store.times.items():
-        if problem not in nodes or not ts:
+    for pk, ts in store.times.items():
+        if pk not in nodes or not ts:
             continue
         times = {repr(sorted(c.items())): t for c, t in ts}
 
@@ -69,35 +77,36 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
             k = repr(sorted(c.items()))
             return (1, 0.0, i) if k not in times else (2, 0.0, i) if times[k] is None else (0, times[k], i)
 
-        for nid in nodes[problem]:
+        for nid in nodes[pk]:
             cfgs = sorted(enumerate(genome.configs[nid]), key=lambda ic: place(*ic))
             genome.configs[nid] = [c for _, c in cfgs]
             first = place(*cfgs[0])
             if first[0] == 0:
                 genome.predicted[nid] = first[1]
-        if problem in wanted:
+        if pk in wanted:
             ok = [t for _, t in ts if t is not None]
-            out[_label(problem)] = {"measured": len(ts), "first_s": ts[0][1], "best_s": min(ok) if ok else None}
-    for problem in wanted:  # what failed, or was refused, and why
-        if problem in store.notes:
-            out.setdefault(_label(problem), {"measured": 0})["note"] = store.notes[problem]
+            out[_label(*pk)] = {"measured": len(ts), "first_s": ts[0][1], "best_s": min(ok) if ok else None}
+    for pk in wanted:  # what failed, or was refused, and why
+        if pk in store.notes:
+            out.setdefault(_label(*pk), {"measured": 0})["note"] = store.notes[pk]
     return out
 
 
-def _measure(problem, configs: list[dict], target, store: Measured, seed: int) -> None:
+def _measure(key: tuple[Any, bool], configs: list[dict], target, store: Measured, seed: int) -> None:
     t0 = time.perf_counter()
     backend = None
+    problem, constant = key
     try:
         # a target without kernel backends, one refusing this problem, or a broken backend: the model's order, and why
-        backend = target.kernel_backend(problem, seed=seed)
+        backend = target.kernel_backend(problem, seed=seed, constant_weights=constant)
         space = target.knob_space(problem)
         outs = backend.measure([space.make(c) for c in configs])
-        store.times[problem] = [(c, o.metric if o.ok else None) for c, o in zip(configs, outs)]
+        store.times[key] = [(c, o.metric if o.ok else None) for c, o in zip(configs, outs)]
         bad = [o for o in outs if not o.ok]
         if bad:
-            store.notes[problem] = f"{len(bad)} of {len(outs)} settings failed: {bad[0].status} {bad[0].message[:200]}"
+            store.notes[key] = f"{len(bad)} of {len(outs)} settings failed: {bad[0].status} {bad[0].message[:200]}"
     except Exception as e:
-        store.notes[problem] = f"{type(e).__name__}: {e}"
+        store.notes[key] = f"{type(e).__name__}: {e}"
     finally:
         if backend is not None and hasattr(backend, "close"):
             backend.close()

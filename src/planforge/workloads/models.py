@@ -259,13 +259,19 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     measured_info: dict[str, Any] = {}
     t_measure = 0.0
 
+    def weight_is_constant(nid: str) -> bool:
+        """Whether a kernel node's weight operand (its second) is a constant of the plan (a parameter, or computed
+        from parameters when the plan is loaded)."""
+        children = eg.node(nid).children
+        return len(children) > 1 and children[1] in a.constant
+
     def measure(choice) -> None:
         nonlocal t_measure
         if measured is not None and measured.trials > 0:
             t = time.perf_counter()
             steps = genome.template_steps(genome.candidate_of(choice).as_dict())
             measured_info.update(measure_first_settings(genome, target, {nid: k for nid, _, k in steps}, weight,
-                                                        measured, seed))
+                                                        measured, seed, constant=weight_is_constant))
             t_measure += time.perf_counter() - t
 
     measure(i_choice)

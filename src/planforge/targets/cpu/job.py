@@ -68,7 +68,8 @@ def template(ref: str):
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Measure one implementation. ``job``: problem, seed, impl (``kernel`` or a
     library name), for kernels lib (path), template (``module:name``) and
-    knobs; timing (TimingConfig fields)."""
+    knobs; timing (TimingConfig fields); const (a GEMM's B is a plan's constant:
+    bound as a plan binds it, packed once when the kernel is bound)."""
     p = Problem.from_json(job["problem"])
     inputs, ref, tol = prepared(p, job.get("seed", 0))
     raw, out = guarded_output(output_shape(p))
@@ -78,7 +79,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             lib = _libs[job["lib"]] = open_library(job["lib"])
         tmpl = template(job["template"])
         ref, tol = checked_against(p, job.get("seed", 0), tmpl, job["knobs"], inputs, ref, tol)
-        fn = tmpl.bind(lib, p, job["knobs"], inputs, out)
+        fn = tmpl.bind(lib, p, job["knobs"], {**inputs, "B_const": True} if job.get("const") and p.op == "gemm"
+                       else inputs, out)
     else:
         fn = LIBRARIES[job["impl"]](p, inputs, out)
     fn()

@@ -37,6 +37,8 @@ class CpuBackend:
         memory_limit: address-space limit of the measurement worker, bytes (default none).
         timeout: adaptive per-measurement timeout (default 10x the fastest, 5..120 s).
         cpus: CPUs the measurement worker is pinned to (default None: not pinned).
+        constant_weights: the weight operand is a plan's constant, bound as a plan binds it (a GEMM's B packed
+            once, not at every call); default False.
     """
 
     problem: Problem
@@ -48,6 +50,7 @@ class CpuBackend:
     timeout: AdaptiveTimeout = field(default_factory=AdaptiveTimeout)
     name: str = "cpu"
     cpus: tuple[int, ...] | None = None
+    constant_weights: bool = False
     pin_cores = True  # measurements run on this node's cores: executors give each slot its own
 
     def __post_init__(self):
@@ -58,7 +61,8 @@ class CpuBackend:
 
     def describe(self) -> dict:
         return {"backend": self.name, "fingerprint": self.fingerprint, "template": self.template.name,
-                "problem": self.problem.to_json(), "timing": self.timing.to_json()}
+                "problem": self.problem.to_json(), "timing": self.timing.to_json(),
+                **({"constant_weights": True} if self.constant_weights else {})}
 
     @property
     def _template_ref(self) -> str:
@@ -66,14 +70,15 @@ class CpuBackend:
 
     def _job(self, impl: str, knobs: dict | None = None, lib: str | None = None) -> dict:
         return {"problem": self.problem.to_json(), "seed": self.seed, "impl": impl, "knobs": knobs, "lib": lib,
-                "template": self._template_ref, "timing": self.timing.to_json()}
+                "template": self._template_ref, "timing": self.timing.to_json(), "const": self.constant_weights}
 
     def factory(self):
         """A picklable ``f(cpus) -> CpuBackend`` measuring the same problem and
         template on whichever machine calls it (executors build one per slot)."""
         t = self.timeout
         return partial(_remote_cpu_backend, self.problem.to_json(), self._template_ref,
-                       self.profile, self.timing.to_json(), self.seed, self.memory_limit, (t.factor, t.lo, t.hi))
+                       self.profile, self.timing.to_json(), self.seed, self.memory_limit, (t.factor, t.lo, t.hi),
+                       constant_weights=self.constant_weights)
 
     def builder(self) -> "CpuBuild":
         """The executors' build stage: compiles in whichever thread, process or
@@ -213,7 +218,8 @@ class CpuBuild:
 
 
 def _remote_cpu_backend(problem: dict, template: str, profile, timing: dict, seed: int, memory_limit: int | None,
-                        timeout: tuple[float, float, float], cpus: tuple[int, ...] | None = None) -> CpuBackend:
+                        timeout: tuple[float, float, float], cpus: tuple[int, ...] | None = None,
+                        constant_weights: bool = False) -> CpuBackend:
     """Rebuild a CpuBackend in an executor slot. On another kind of machine the
     slot's own profile is used, so its times carry its own fingerprint."""
     from .probe import get_profile
@@ -222,7 +228,7 @@ def _remote_cpu_backend(problem: dict, template: str, profile, timing: dict, see
     if node_device() != profile.fingerprint:
         profile = get_profile(quick=True)
     return CpuBackend(Problem.from_json(problem), find_template(template), profile, TimingConfig(**timing), seed,
-                      memory_limit, AdaptiveTimeout(*timeout), cpus=cpus)
+                      memory_limit, AdaptiveTimeout(*timeout), cpus=cpus, constant_weights=constant_weights)
 
 
 __all__ = ["BuildError", "CpuBackend"]

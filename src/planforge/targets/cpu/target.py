@@ -241,10 +241,11 @@ class CpuTarget:
         return list(templates.available_libraries())
 
     # -- the backends ------------------------------------------------------------------
-    def kernel_backend(self, problem, seed: int = 0):
+    def kernel_backend(self, problem, seed: int = 0, constant_weights: bool = False):
         from .kernel import CpuBackend
 
-        return CpuBackend(problem, templates.TEMPLATES[problem.op], self.profile(), timing=self.timing, seed=seed)
+        return CpuBackend(problem, templates.TEMPLATES[problem.op], self.profile(), timing=self.timing, seed=seed,
+                          constant_weights=constant_weights)
 
     def graph_backend(self, graph, genome, seed: int = 0, accuracy: dict | None = None):
         """``accuracy``: the budget plans with quantised weights are judged by (``Accuracy.to_json()``)."""

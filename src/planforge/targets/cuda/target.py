@@ -219,7 +219,8 @@ class CudaTarget:
         return {k: problem.dtype for k in problem.input_shapes()}
 
     # -- the backends ------------------------------------------------------------------
-    def kernel_backend(self, problem: CudaProblem, seed: int = 0):
+    def kernel_backend(self, problem: CudaProblem, seed: int = 0, constant_weights: bool = False):
+        """(``constant_weights``: the GPU kernels read every operand as passed, prepared or not: no difference.)"""
         self._need_gpu("measure kernels")
         from .backend import CudaBackend
 
