@@ -172,7 +172,7 @@ class SimTarget:
     def libraries(self):
         return []
 
-    def kernel_backend(self, problem, seed=0):
+    def kernel_backend(self, problem, seed=0, constant_weights=False):
         table = {c.fingerprint: 1e-6 * (1 + int(hashlib.sha256(c.fingerprint.encode()).hexdigest()[:6], 16) / 2**24)
                  for c in self.knob_space(problem).enumerate()}
         return TableBackend(table, label="sim", name="sim")

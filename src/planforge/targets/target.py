@@ -214,7 +214,8 @@ class Target(Protocol):
         input_shapes(problem): the shape of each of the problem's inputs, by name.
         libraries(): the library baselines measured beside a tuned kernel.
     The makers of backends:
-        kernel_backend(problem, seed): measures candidates of one template problem.
+        kernel_backend(problem, seed, constant_weights): measures candidates of one template problem
+            (``constant_weights``: its weight operand is a plan's constant, prepared once when bound).
         graph_backend(graph, genome, seed): measures whole plans of ``genome``.
         peak_bytes(graph, program): the memory a plan holds while it runs, without building it.
         plan(graph, program): a tuned plan (a spec's program; None: the library baseline)
