@@ -19,6 +19,15 @@ def test_issue_command_and_summary(cli, tmp_path):
     assert "pays back after" in r.stdout
 
 
+def test_the_workload_being_prepared_is_shown_on_a_terminal(cli, tmp_path):
+    # before the first evaluation a model's workload takes up to minutes (import, e-graph, kernels measured)
+    r = cli("tune", "--workload", "drill", "--budget", "4", "--out", tmp_path, env={"FORCE_COLOR": "1"}, check=True)
+    assert "preparing drill (a model: imported, its graph rewritten, its first kernels measured)" in r.stderr
+    r = cli("tune", "--workload", "drill", "--budget", "4", "--out", tmp_path, "--quiet", env={"FORCE_COLOR": "1"},
+            check=True)
+    assert "preparing" not in r.stderr
+
+
 def test_json_output(cli, tmp_path):
     r = cli("tune", "--workload", "drill", "--strategy", "exhaustive", "--budget", "24", "--out", tmp_path, "--json",
             check=True)

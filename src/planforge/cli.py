@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
 
@@ -151,13 +152,18 @@ def tune(
         if strict:
             opts["strict"] = "true"
         l2_settings = L2Settings(l2, l2_budget, l2_proposer)
-        wl = load_workload(workload, opts, target)
+        show = not (as_json or quiet)
+        # a model's workload takes seconds to minutes before its first evaluation (import, e-graph, extraction,
+        # its first kernels compiled and measured): say so rather than sit silent
+        preparing = err_console.status(Text(f"preparing {workload} (a model: imported, its graph rewritten, its first "
+                                            "kernels measured)")) if show else nullcontext()
+        with preparing:
+            wl = load_workload(workload, opts, target)
         b = Budget(evals=budget, seconds=time_budget)
     except (WorkloadError, RestrictionError, SpaceError, ValueError, CompilerMissing) as e:
         _fail(str(e))
     out = out or Path("planforge-out") / workload
     command = "planforge " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    show = not (as_json or quiet)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("best {task.fields[best]}"), TextColumn("{task.fields[bad]}"),
                         TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=not show,
