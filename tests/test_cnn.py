@@ -612,8 +612,8 @@ NCHW_FORMS = ("conv2d", "conv_act", "conv_bn", "conv_bn_act", "conv_add", "conv_
 
 
 def test_a_partitioned_mobilenet_like_cnn_runs_nhwc_from_its_input_to_its_classifier(tmp_path):
-    """Tuned at a tiny budget, every part of the plan reads and writes NHWC: one transpose at the input, one after
-    the global pool (a [1, C] vector), no NCHW convolution, pool or squeeze-excite multiply after the first
+    """Tuned at a tiny budget, every part of the plan reads and writes NHWC: one transpose at the input, after
+    the global pool a reshape (its NHWC -> NCHW moves only unit axes), no NCHW convolution, pool or squeeze-excite multiply after the first
     transpose, and the model's output as torch computes it. The stem may run before that transpose: transposing
     its 3-channel input or its output is a tie in the estimates (1.915 vs 1.917 us here), so the probe's noise,
     not the layout rules, picks one."""
@@ -630,7 +630,9 @@ def test_a_partitioned_mobilenet_like_cnn_runs_nhwc_from_its_input_to_its_classi
     first = kinds.index("transpose")
     assert not [k for k in kinds[first:] if k in NCHW_FORMS], kinds
     assert [k for k in kinds[:first] if k in NCHW_FORMS] in ([], ["conv_act"]), kinds  # at most the stem
-    assert kinds.count("transpose") <= 2, kinds
+    # the transpose after the global pool ([1, 1, 1, C] -> [1, C, 1, 1]) moves only unit axes: a reshape, a view
+    last_pool = len(kinds) - 1 - kinds[::-1].index("global_avg_pool_nhwc")
+    assert kinds.count("transpose") == 1 and kinds[last_pool + 1] == "reshape", kinds
     want = m(x).detach().numpy()
     (got,) = res.plan(x.numpy())
     assert np.abs(got - want).max() < 1e-4 * (1 + np.abs(want).max())

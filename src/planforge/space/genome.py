@@ -242,16 +242,19 @@ class Genome:
         return self.configs[nid][int(config.get(name, 0))]
 
     def program(self, config: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The extracted plan: steps in execution order (children first)."""
+        """The extracted plan: steps in execution order (children first). A transpose that moves only axes of
+        length 1 is the reshape it equals (a view, no step: ``Analysis.view_of``)."""
         ch = self.choice(config)
         steps = []
         for c in reachable(self.eg, ch):
             n = self.eg.node(ch[c])
             p = self.problems.get(n.id)
-            problem = None if p is None else p.to_json()
-            steps.append({"cls": short(c), "op": n.op, "args": list(n.args),
-                          "inputs": [short(k) for k in n.children], "knobs": self.knobs_for(n.id, config),
-                          "problem": problem,
+            view = self.analysis.view_of(n)
+            op, args, knobs = ("lib1", ["reshape", view], None) if view is not None else \
+                (n.op, list(n.args), self.knobs_for(n.id, config))
+            steps.append({"cls": short(c), "op": op, "args": args,
+                          "inputs": [short(k) for k in n.children], "knobs": knobs,
+                          "problem": None if p is None or view is not None else p.to_json(),
                           "shape": list(self.analysis.shapes[c]) if self.analysis.shapes.get(c) else None})
         return steps
 
