@@ -24,6 +24,12 @@ class TimingConfig:
         flush_bytes: when > 0, a buffer this large is rewritten before every
             sample (cold caches, batch of one call); default 0 (hot caches,
             which is what a batch-1 inference loop sees).
+        scrub_bytes: when > 0 (and ``flush_bytes`` is 0), before every sample
+            the target evicts a candidate's weights from the caches and keeps
+            its activations in them (a buffer this large read through the
+            caches, then the inputs read back; batch of one call): the state a
+            step of a model larger than the caches runs in within the model's
+            whole call (default 0: hot).
     """
 
     warmup_s: float = 0.02
@@ -32,6 +38,7 @@ class TimingConfig:
     max_repeats: int = 40
     min_sample_s: float = 2e-4
     flush_bytes: int = 0
+    scrub_bytes: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -214,9 +214,10 @@ class Target(Protocol):
         input_shapes(problem): the shape of each of the problem's inputs, by name.
         libraries(): the library baselines measured beside a tuned kernel.
     The makers of backends:
-        kernel_backend(problem, seed, constant_weights): measures candidates of one template problem
-            (``constant_weights``: its weight operand is a plan's constant, prepared once when bound).
-        graph_backend(graph, genome, seed): measures whole plans of ``genome``.
+        kernel_backend(problem, seed, constant_weights, cold_weights): measures candidates of one template
+            problem (``constant_weights``: its weight operand is a plan's constant, prepared once when bound;
+            ``cold_weights``: timed with that operand out of the caches, as in a large model's whole call).
+        graph_backend(graph, genome, seed, accuracy, cold_weights): measures whole plans of ``genome``.
         peak_bytes(graph, program): the memory a plan holds while it runs, without building it.
         plan(graph, program): a tuned plan (a spec's program; None: the library baseline)
             built for this device (a ``RunnablePlan``); ``TargetError`` when a step does
@@ -253,14 +254,20 @@ class Target(Protocol):
 
     def libraries(self) -> list[str]: ...
 
-    def kernel_backend(self, problem: Any, seed: int = 0, constant_weights: bool = False) -> Backend:
+    def kernel_backend(self, problem: Any, seed: int = 0, constant_weights: bool = False,
+                       cold_weights: bool = False) -> Backend:
         """Measures settings of ``problem``'s kernel. ``constant_weights``: its weight operand is a constant of a
         model's plan, which a kernel may prepare once when the plan is loaded (a GEMM packs B into panels), so
-        that the preparation is not timed; default False: every operand is an input of each call."""
+        that the preparation is not timed; default False: every operand is an input of each call.
+        ``cold_weights``: time each call with the weights out of the caches and the activation in them, as a
+        step of a model whose weights the caches cannot hold runs in the model's whole call (default False:
+        hot; a target whose caches play no such part ignores it)."""
 
-    def graph_backend(self, graph: Any, genome: Any, seed: int = 0, accuracy: dict | None = None) -> Backend:
+    def graph_backend(self, graph: Any, genome: Any, seed: int = 0, accuracy: dict | None = None,
+                      cold_weights: bool = False) -> Backend:
         """``accuracy``: the budget a plan with quantised weights is judged by (``quant.Accuracy.to_json()``;
-        None: fp32 weights only); a target whose templates read fp32 only refuses one."""
+        None: fp32 weights only); a target whose templates read fp32 only refuses one. ``cold_weights``: as
+        ``kernel_backend``'s, for a part of a larger model (its inputs hot, its weights out of the caches)."""
 
     def peak_bytes(self, graph: Any, program: list[dict[str, Any]]) -> int: ...
 
@@ -323,10 +330,12 @@ class Lookup:
     def libraries(self) -> list[str]:
         return []
 
-    def kernel_backend(self, problem: Any, seed: int = 0, constant_weights: bool = False) -> Backend:
+    def kernel_backend(self, problem: Any, seed: int = 0, constant_weights: bool = False,
+                       cold_weights: bool = False) -> Backend:
         raise self._refuse("kernel backend")
 
-    def graph_backend(self, graph: Any, genome: Any, seed: int = 0, accuracy: dict | None = None) -> Backend:
+    def graph_backend(self, graph: Any, genome: Any, seed: int = 0, accuracy: dict | None = None,
+                      cold_weights: bool = False) -> Backend:
         raise self._refuse("plan backend")
 
     def peak_bytes(self, graph: Any, program: list[dict[str, Any]]) -> int:

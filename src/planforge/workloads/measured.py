@@ -46,12 +46,15 @@ def _label(problem, constant: bool = False) -> str:
 
 
 def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: int, store: Measured,
-                           seed: int = 0, constant: Callable[[str], bool] | None = None) -> dict[str, Any]:
+                           seed: int = 0, constant: Callable[[str], bool] | None = None,
+                           cold: bool = False) -> dict[str, Any]:
     """Measure the problems of the template nodes the lead seeds run (``configs_of``: those nodes' ids, each with a
     seed's config) that ``store`` has not measured yet, largest predicted share first (``weight``: how many times the
     task runs per model call), and reorder the settings of every node of ``genome`` whose problem ``store`` holds
     fastest first. ``constant(node id)``: whether that node's weight operand is a constant of the plan (default
-    None: none is). Returns, per problem the seeds run, how many settings were measured and the first and best
+    None: none is). ``cold``: the model's weights are more than the caches hold, so a kernel whose weights are
+    constant is timed with them out of the caches (``Target.kernel_backend``'s ``cold_weights``; default False).
+    Returns, per problem the seeds run, how many settings were measured and the first and best
     seconds."""
     def key(nid: str) -> tuple[Any, bool]:
         return genome.problems[nid], bool(constant is not None and constant(nid))
@@ -65,7 +68,7 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
         if pk not in store.times and pk not in store.notes:
             if store.spent >= store.seconds:
                 break
-            _measure(pk, genome.configs[nodes[pk][0]][:store.trials], target, store, seed)
+            _measure(pk, genome.configs[nodes[pk][0]][:store.trials], target, store, seed, cold)
     out = {}
     for pk, ts in store.times.items():
         if pk not in nodes or not ts:
@@ -92,13 +95,15 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
     return out
 
 
-def _measure(key: tuple[Any, bool], configs: list[dict], target, store: Measured, seed: int) -> None:
+def _measure(key: tuple[Any, bool], configs: list[dict], target, store: Measured, seed: int,
+             cold: bool = False) -> None:
     t0 = time.perf_counter()
     backend = None
     problem, constant = key
     try:
         # a target without kernel backends, one refusing this problem, or a broken backend: the model's order, and why
-        backend = target.kernel_backend(problem, seed=seed, constant_weights=constant)
+        backend = (target.kernel_backend(problem, seed=seed, constant_weights=True, cold_weights=True)
+                   if constant and cold else target.kernel_backend(problem, seed=seed, constant_weights=constant))
         space = target.knob_space(problem)
         outs = backend.measure([space.make(c) for c in configs])
         store.times[key] = [(c, o.metric if o.ok else None) for c, o in zip(configs, outs)]

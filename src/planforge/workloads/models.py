@@ -197,9 +197,24 @@ def _accuracy_check(graph: Graph, target: Target, genome, accuracy, seed: int, d
                         judged_on=judged_on, draws=draws)
 
 
+def weights_cold(graph: Graph, target: Target) -> bool:
+    """Whether a step of ``graph`` finds its weights out of the caches in the model's whole call: the model's
+    weights are more than half of what the last cache level holds for all the target's threads (its ceilings';
+    the other half is the activations', and other processes'). In GPT-2's whole call with 6 layers (19 MB of
+    weights, a 32 MiB L3) a layer's GEMM ran as slowly as with every cache flushed (100-110 us against 58-64
+    hot), and which of its settings streams the weights well only a measurement in that state ranks
+    (``targets/cpu/scrub.py``); with 2 layers (6.6 MB) the same GEMMs ran in the whole call as fast as alone.
+    False for a target with no cache levels."""
+    device = target.ceilings()
+    if device is None or device.kind != "cpu" or not device.cache:
+        return False
+    last = max(float(device.capacity(level, device.threads)) for level in device.cache)
+    return graph.param_bytes() > last / 2
+
+
 def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 0, node_limit: int = 20_000,
                weight: int = 1, accuracy=None, validation: tuple[list, str] | None = None,
-               shared: bool = False, measured: Measured | None = None) -> Task:
+               shared: bool = False, measured: Measured | None = None, cold_weights: bool = False) -> Task:
     """The task of one graph (a whole model, or one part of a partitioned one): its e-graph saturated within
     ``node_limit`` e-nodes, memory-pruned to ``budget`` bytes, extracted greedily and by ILP (the two seeds of
     the search), and the genome over it (implementation choices and template knobs) as its space.
@@ -209,7 +224,10 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     inputs; default: ``validation_draws`` of its own). ``shared``: the graph is one part of a partitioned model,
     timed apart from the others, so a fused MLP's pool may not spin after a call (``MlpProblem.shared``; default
     False). ``measured``: the workload's kernel measurements so far (``workloads.measured``), which this task's
-    lead seeds' kernels are added to; None measures none (the model's order of settings)."""
+    lead seeds' kernels are added to; None measures none (the model's order of settings). ``cold_weights``: the
+    model's weights are more than the caches hold (``weights_cold``), so its kernels are measured with their
+    weights out of the caches, and so is the graph where it is one part of the model (a whole model measured
+    call after call is in that state already); default False: hot."""
     device = target.ceilings()  # (measures the device on first use: before the clock starts)
     if device is None:
         raise TargetError(f"target {target.name!r} has no device ceilings: it cannot plan a whole model")
@@ -271,7 +289,8 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
             t = time.perf_counter()
             steps = genome.template_steps(genome.candidate_of(choice).as_dict())
             measured_info.update(measure_first_settings(genome, target, {nid: k for nid, _, k in steps}, weight,
-                                                        measured, seed, constant=weight_is_constant))
+                                                        measured, seed, constant=weight_is_constant,
+                                                        cold=cold_weights))
             t_measure += time.perf_counter() - t
 
     measure(i_choice)
@@ -309,9 +328,11 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
         return target.peak_bytes(graph, genome.program(c.as_dict()))
 
     quant = strata is not None
-    # a target written before the budget existed takes no accuracy argument: pass one only when there is a budget
-    backend = (target.graph_backend(graph, genome, seed=seed, accuracy=accuracy.to_json()) if quant else
-               target.graph_backend(graph, genome, seed=seed))
+    # a target written before the budget (or the cold weights) existed takes no such argument: pass one only
+    # where it says something
+    extra = {**({"accuracy": accuracy.to_json()} if quant else {}),
+             **({"cold_weights": True} if cold_weights and shared else {})}
+    backend = target.graph_backend(graph, genome, seed=seed, **extra)
     check = _accuracy_check(graph, target, genome, accuracy, seed, *(validation or ())) if quant else None
     task = Task(key=key, space=genome.space, backend=backend, weight=weight,
                 validators=(MemoryBudget(budget, peak), *((check,) if check else ())), peak_bytes=peak,
@@ -319,7 +340,8 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     task.seeds, task.lead_seeds = seeds, lead
     task.info = {**genome.describe(), "pruned_by_memory": len(pruned), "saturation_s": t1 - t0,
                  "greedy_s": t2 - t1, "ilp_s": t4 - t3, "ilp": how, "genome_s": (t3 - t2) + (t6 - t5) - t_measure,
-                 "orders_s": t5 - t4, "kernels_s": t_measure, "seeds": list(seed_of.values())}
+                 "orders_s": t5 - t4, "kernels_s": t_measure, "seeds": list(seed_of.values()),
+                 "weights_cold": bool(cold_weights)}
     if measured_info:
         task.info["measured_settings"] = measured_info
     return task
@@ -382,9 +404,10 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     if kernel_trials < 0:
         raise WorkloadError(f"kernel_trials must be 0 or more, got {kernel_trials}")
     store = Measured(trials=kernel_trials)
+    cold = weights_cold(graph, target)
     if len(part.parts) == 1:
         tasks = [graph_task(graph, "graph", target, budget, seed, node_limit, accuracy=acc("graph"),
-                            validation=(draws, about) if draws else None, measured=store)]
+                            validation=(draws, about) if draws else None, measured=store, cold_weights=cold)]
     else:
         tasks = []
         for key, idx in part.keys.items():
@@ -393,7 +416,7 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
             flows = [[v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v
                       for v in values_of(part.graph, d, rep.inputs)] for d in draws] if draws else None
             t = graph_task(rep.graph, f"part{rep.index}", target, budget, seed, node_limit, weight=len(idx),
-                           accuracy=acc(f"part{rep.index}"), shared=True, measured=store,
+                           accuracy=acc(f"part{rep.index}"), shared=True, measured=store, cold_weights=cold,
                            validation=(flows, f"the values flowing into it on {about}") if flows else None)
             t.info.update({"structure": key, "instances": list(idx), "ops": len(rep.graph.nodes)})
             tasks.append(t)
@@ -415,6 +438,8 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
     desc = f"{graph.name}: {len(graph.nodes)} ops, {graph.param_bytes() / 1e6:.2f} MB of weights"
     if len(part.parts) > 1:
         desc += f", {len(part.parts)} parts in {len(part.keys)} tasks"
+    if cold:
+        desc += "; kernels and parts measured with their weights out of the caches (more than half the last cache level)"
     fallbacks = fallback_steps(graph)
     if fallbacks:
         desc += (f"; {len(fallbacks)} op(s) with no rule run as library fallback steps: "

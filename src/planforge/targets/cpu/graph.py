@@ -7,10 +7,11 @@ library baseline is the same graph run op by op with numpy.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from ...measure.isolated import LOG_LIMIT, measure_isolated
 from ...measure.pooled import Pooled
 from ...space import Candidate
 from .plan import Plan
+from .scrub import scrubber
 
 U32 = 2.0**-24
 _prepared: dict[str, Any] = {}
@@ -109,12 +111,23 @@ def run_plan_job(job: dict) -> dict:
         why = quantised_error(job["program"], out, ref, job.get("accuracy"))
         if why:
             return {"status": "correctness", "message": why}
-        return {"status": "ok", **timed(fn, cfg)}
+        return {"status": "ok", **timed(fn, cfg, _scrub(cfg, plan.input_views, xs))}
     for o, r in zip(out, ref):
         err = float(np.abs(o.astype(np.float64) - r).max())
         if err > tol:
             return {"status": "correctness", "message": f"max |out - ref| = {err:.3g} exceeds the tolerance {tol:.3g}"}
-    return {"status": "ok", **timed(fn, cfg)}  # times, and the other processes' share of the worker's CPUs
+    views = plan.input_views if job["impl"] != "numpy" else ()
+    # times, and the other processes' share of the worker's CPUs
+    return {"status": "ok", **timed(fn, cfg, _scrub(cfg, views, xs))}
+
+
+def _scrub(cfg: TimingConfig, views, xs) -> Callable[[], None] | None:
+    """Before each sample, with ``cfg.scrub_bytes``: the weights out of the caches, the part's inputs (where the
+    plan reads them: its input views, else the arrays) in them (``scrub.scrubber``); None: hot."""
+    if not cfg.scrub_bytes:
+        return None
+    warm = [v if v is not None else x for v, x in zip(list(views) or [None] * len(xs), xs)]
+    return scrubber(cfg.scrub_bytes, len(os.sched_getaffinity(0)), warm)
 
 
 @dataclass

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import os
 from typing import Any
 
 import numpy as np
 
 from ...measure.timing import TimingConfig, timed
+from .scrub import scrubber
 from .templates.parfor import open_library
 from .templates.problem import LIBRARIES, Problem, check, make_inputs, output_shape, reference, tolerance
 
@@ -94,6 +96,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     if cfg.flush_bytes:  # cold caches: rewrite a buffer bigger than the caches before each sample
         junk = np.zeros(cfg.flush_bytes // 4, np.float32)
         flush = lambda: np.add(junk, 1.0, out=junk)  # noqa: E731
+    elif cfg.scrub_bytes:  # weights cold, the activation (the first input, by every op's convention) hot
+        flush = scrubber(cfg.scrub_bytes, len(os.sched_getaffinity(0)), list(inputs.values())[:1])
 
     got = timed(fn, cfg, flush)  # times, and the other processes' share of this worker's CPUs meanwhile
     if not guards_intact(raw):

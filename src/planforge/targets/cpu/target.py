@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -241,17 +241,27 @@ class CpuTarget:
         return list(templates.available_libraries())
 
     # -- the backends ------------------------------------------------------------------
-    def kernel_backend(self, problem, seed: int = 0, constant_weights: bool = False):
+    def kernel_backend(self, problem, seed: int = 0, constant_weights: bool = False, cold_weights: bool = False):
         from .kernel import CpuBackend
 
-        return CpuBackend(problem, templates.TEMPLATES[problem.op], self.profile(), timing=self.timing, seed=seed,
-                          constant_weights=constant_weights)
+        return CpuBackend(problem, templates.TEMPLATES[problem.op], self.profile(), timing=self._timing(cold_weights),
+                          seed=seed, constant_weights=constant_weights)
 
-    def graph_backend(self, graph, genome, seed: int = 0, accuracy: dict | None = None):
+    def graph_backend(self, graph, genome, seed: int = 0, accuracy: dict | None = None, cold_weights: bool = False):
         """``accuracy``: the budget plans with quantised weights are judged by (``Accuracy.to_json()``)."""
         from .graph import GraphBackend
 
-        return GraphBackend(graph, genome, self.profile(), timing=self.timing, seed=seed, accuracy=accuracy)
+        return GraphBackend(graph, genome, self.profile(), timing=self._timing(cold_weights), seed=seed,
+                            accuracy=accuracy)
+
+    def _timing(self, cold_weights: bool) -> TimingConfig:
+        """This target's timing; with ``cold_weights`` (and hot caches otherwise), each sample after a scrub of
+        twice the caches' bytes that leaves the activations in them (``scrub.py``)."""
+        if not cold_weights or self.cold or self.timing.scrub_bytes:
+            return self.timing
+        from .scrub import scrub_bytes
+
+        return replace(self.timing, scrub_bytes=scrub_bytes(self.profile().caches))
 
     def peak_bytes(self, graph, program: list[dict[str, Any]]) -> int:
         from .plan import peak_bytes_of

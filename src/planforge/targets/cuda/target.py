@@ -219,14 +219,16 @@ class CudaTarget:
         return {k: problem.dtype for k in problem.input_shapes()}
 
     # -- the backends ------------------------------------------------------------------
-    def kernel_backend(self, problem: CudaProblem, seed: int = 0, constant_weights: bool = False):
-        """(``constant_weights``: the GPU kernels read every operand as passed, prepared or not: no difference.)"""
+    def kernel_backend(self, problem: CudaProblem, seed: int = 0, constant_weights: bool = False,
+                       cold_weights: bool = False):
+        """(``constant_weights``: the GPU kernels read every operand as passed, prepared or not: no difference;
+        ``cold_weights``: ignored, this target's timing says whether its L2 is flushed.)"""
         self._need_gpu("measure kernels")
         from .backend import CudaBackend
 
         return CudaBackend(problem, self.profile(), timing=self.timing, seed=seed, device=self.device)
 
-    def graph_backend(self, graph, genome, seed: int = 0, accuracy: dict | None = None):
+    def graph_backend(self, graph, genome, seed: int = 0, accuracy: dict | None = None, cold_weights: bool = False):
         """Measures whole plans of ``genome`` on the GPU (``graph.CudaGraphBackend``); the timing is this
         target's, else the GPU protocol with hot caches (weights stay in L2 between calls). Its templates read
         fp32 weights only: an ``accuracy`` budget is refused."""
