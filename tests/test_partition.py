@@ -95,3 +95,48 @@ def test_one_plan_per_task_runs_every_instance_chained(profile):
     out = plan(*xs)[0]
     assert np.abs(out - ref).max() < 1e-4 * (1 + np.abs(ref).max())
     assert plan(*xs)[0] is not out  # fresh arrays per call
+
+
+def test_a_chains_parts_share_one_region_for_their_inner_values(profile):
+    """``endtoend.chain`` gives every part's plan one ``SharedArena`` for the values that live within the part:
+    the parts' inner values overlap there, their outputs (read in place by later parts) stay apart, and the chain
+    computes what a chain of plans with arenas of their own does."""
+    from planforge.endtoend import chain as build_chain
+    from planforge.rewrite import saturate
+    from planforge.rewrite.analysis import analyse, estimate
+    from planforge.rewrite.extract import greedy, usable
+    from planforge.space.genome import Genome
+    from planforge.targets import get_target
+    from planforge.targets.cpu.plan import ChainPlan, Plan, rebind
+
+    g = transformer(layers=3, seq=6, width=16, heads=2)
+    part = partition(g, whole_below=0)
+    programs = {}
+    for key, idx in part.keys.items():
+        rep = part.parts[idx[0]]
+        eg = saturate(rep.graph, ["epilogue", "layout", "algebra"])
+        a = analyse(eg, rep.graph)
+        allowed = usable(eg, {c: [n.id for n in ns if n.executable and n.impl not in ("tmpl", "fused")]
+                              for c, ns in eg.classes.items()})
+        costs = {nid: estimate(a, eg.node(nid), ceilings_of(profile)) for ns in allowed.values() for nid in ns}
+        genome = Genome.build(eg, a, allowed, greedy(eg, costs, allowed), knob_space=lambda p: None,
+                              defaults=lambda p: {})
+        programs[key] = genome.program({})
+    task_of = {p.index: p.key for p in part.parts}
+    plan = build_chain(g, part, task_of, programs, get_target("cpu"))
+    own = ChainPlan(g, [(Plan(p.graph, rebind(programs[p.key], {**dict(zip(part.parts[part.keys[p.key][0]].inputs,
+                                                                           p.inputs)),
+                                                               **dict(zip(part.parts[part.keys[p.key][0]].params,
+                                                                          p.params))}), {}, {}), p.inputs, p.outputs)
+                        for p in part.parts])
+    xs = g.example_inputs(3)
+    np.testing.assert_array_equal(plan(*xs)[0], own(*xs)[0])
+    plans = [p for p, _, _ in plan.parts]
+    inner = [[p.views[c] for c in p.inner] for p in plans]
+    assert all(inner) and all(p.shared_floats > 0 for p in plans)
+    for a_views, b_views in zip(inner, inner[1:]):  # consecutive parts reuse the same memory
+        assert any(np.shares_memory(u, v) for u in a_views for v in b_views)
+    for p in plans:  # outputs apart from every part's inner values
+        for o in p.out_views:
+            assert not any(np.shares_memory(o, v) for vs in inner for v in vs)
+    assert plan.peak_bytes < sum(p.peak_bytes for p in plans)  # the region counted once

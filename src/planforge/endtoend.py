@@ -129,7 +129,7 @@ def chain(graph, part, task_of: dict[int, str], programs: dict[str, list[dict] |
     program of its task (``task_of[part index]``; a program of None: the part's library plan) rebound from the
     task's first part to this part's own weights, built by ``target``, and chained in order
     (``targets.cpu.plan.ChainPlan``)."""
-    from .targets.cpu.plan import ChainPlan, rebind
+    from .targets.cpu.plan import ChainPlan, SharedArena, rebind
 
     first: dict[str, Any] = {}
     for p in part.parts:
@@ -138,13 +138,15 @@ def chain(graph, part, task_of: dict[int, str], programs: dict[str, list[dict] |
     # values earlier parts leave in arrays of their own every call: a later part reads them there in place, so
     # that a part boundary costs no copy (ResNet-18's nine parts copied 0.55 ms of activations a call)
     produced: dict[str, Any] = {}
+    # and the values that live within a part share one region across the parts (``SharedArena``)
+    arena = SharedArena(SharedArena.bound_of([prog for prog in programs.values() if prog is not None]))
     for p in part.parts:
         key = task_of[p.index]
         prog, rep = programs[key], first[key]
         if prog is not None:
             prog = rebind(prog, {**dict(zip(rep.inputs, p.inputs)), **dict(zip(rep.params, p.params))})
         ins = {g: produced[n] for g, n in zip(p.graph.inputs, p.inputs) if n in produced}  # fed in this order
-        built = target.plan(p.graph, prog, inputs=ins) if ins else target.plan(p.graph, prog)
+        built = target.plan(p.graph, prog, inputs=ins or None, shared=arena)
         produced.update(zip(p.outputs, getattr(built, "out_views", ())))
         steps.append((built, p.inputs, p.outputs))
     return ChainPlan(graph, steps)

@@ -219,7 +219,7 @@ class Target(Protocol):
             ``cold_weights``: timed with that operand out of the caches, as in a large model's whole call).
         graph_backend(graph, genome, seed, accuracy, cold_weights): measures whole plans of ``genome``.
         peak_bytes(graph, program): the memory a plan holds while it runs, without building it.
-        plan(graph, program): a tuned plan (a spec's program; None: the library baseline)
+        plan(graph, program, inputs, shared): a tuned plan (a spec's program; None: the library baseline)
             built for this device (a ``RunnablePlan``); ``TargetError`` when a step does
             not build here.
     """
@@ -272,10 +272,11 @@ class Target(Protocol):
     def peak_bytes(self, graph: Any, program: list[dict[str, Any]]) -> int: ...
 
     def plan(self, graph: Any, program: list[dict[str, Any]] | None,
-             inputs: dict[str, Any] | None = None) -> RunnablePlan:
+             inputs: dict[str, Any] | None = None, shared: Any = None) -> RunnablePlan:
         """``inputs``: arrays (by input name) that will hold those inputs whenever the plan runs (an earlier
         part's ``out_views`` in a chain), which the plan may read in place instead of copying; a target may
-        ignore them (default None)."""
+        ignore them (default None). ``shared``: a region the plans of one chain's parts share for the values
+        that live within a part (``targets.cpu.plan.SharedArena``); a target may ignore it (default None)."""
 
 
 class Lookup:
@@ -342,5 +343,5 @@ class Lookup:
         raise self._refuse("plans")
 
     def plan(self, graph: Any, program: list[dict[str, Any]] | None,
-             inputs: dict[str, Any] | None = None) -> RunnablePlan:
+             inputs: dict[str, Any] | None = None, shared: Any = None) -> RunnablePlan:
         raise self._refuse("runnable plans")

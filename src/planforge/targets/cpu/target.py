@@ -268,10 +268,11 @@ class CpuTarget:
 
         return peak_bytes_of(program, graph)
 
-    def plan(self, graph, program: list[dict[str, Any]] | None, inputs: dict[str, Any] | None = None):
+    def plan(self, graph, program: list[dict[str, Any]] | None, inputs: dict[str, Any] | None = None,
+             shared=None):
         """``program`` (a spec's steps) compiled here and bound to ``graph``'s weights; None: the numpy
         baseline. ``TargetError`` names the first step that does not compile. ``inputs``: arrays the plan
-        reads those inputs from in place (``Plan``'s; default None)."""
+        reads those inputs from in place; ``shared``: a chain's ``SharedArena`` (``Plan``'s; default None)."""
         from .build import build_many
         from .graph import numpy_forward, template_source
         from .plan import Plan
@@ -287,7 +288,7 @@ class CpuTarget:
             if b is None:
                 raise TargetError(f"step {c} does not compile here: {err}")
             libs[c] = str(b.path)
-        return Plan(graph, program, libs, problems, inputs=inputs)
+        return Plan(graph, program, libs, problems, inputs=inputs, shared=shared)
 
 
 __all__ = ["CpuTarget", "ceilings_of", "quick_probe"]

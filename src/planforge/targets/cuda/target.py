@@ -244,10 +244,12 @@ class CudaTarget:
 
         return peak_bytes_of(graph, program)
 
-    def plan(self, graph, program: list[dict[str, Any]] | None, inputs: dict[str, Any] | None = None):
+    def plan(self, graph, program: list[dict[str, Any]] | None, inputs: dict[str, Any] | None = None,
+             shared: Any = None):
         """``program`` (a spec's steps) lowered to Triton templates and torch steps on this GPU and bound to
         ``graph``'s weights; None: the torch-eager baseline. ``TargetError`` names the first step that does
-        not bind. ``inputs`` (a chain's earlier outputs) are ignored: the plan copies its inputs."""
+        not bind. ``inputs`` (a chain's earlier outputs) and ``shared`` (a host arena) are ignored: the plan
+        copies its inputs, and its values live on the GPU."""
         self._need_gpu("run a plan")
         from ..cpu.plan import PlanError
         from .plan import CudaPlan, TorchPlan
