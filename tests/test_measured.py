@@ -45,12 +45,13 @@ class _Target:
 def _genome(problems: dict[str, str], n: int):
     """A genome's fields the ranking reads: node -> problem, node -> settings (tile 0..n-1, the model's order),
     node -> predicted seconds."""
-    return SimpleNamespace(problems=dict(problems), configs={nid: [{"tile": i} for i in range(n)] for nid in problems},
+    return SimpleNamespace(problems=dict(problems), strata_firsts={},
+                           configs={nid: [{"tile": i} for i in range(n)] for nid in problems},
                            predicted={nid: 1.0 + i for i, nid in enumerate(problems)})
 
 
-def test_settings_are_reordered_fastest_first_failures_last_and_equal_problems_measured_once():
-    times = [5.0, 2.0, None, 1.0, 9.0, 3.0]  # the model's first is slow, its third fails, its fourth is fastest
+def test_settings_are_reordered_fastest_first_slow_ones_and_failures_dropped_equal_problems_measured_once():
+    times = [5.0, 1.2, None, 1.0, 9.0, 3.0]  # the model's first is slow, its third fails, its fourth is fastest
     target = _Target(times)
     store = Measured(trials=5)
     g = _genome({"a": GEMM, "b": GEMM}, 6)
@@ -58,11 +59,13 @@ def test_settings_are_reordered_fastest_first_failures_last_and_equal_problems_m
     # five measured once for the two nodes of one problem, then the backend closed
     assert target.log == [(), 0, 1, 2, 3, 4, "closed"]
     for nid in "ab":
-        assert [c["tile"] for c in g.configs[nid]] == [3, 1, 0, 4, 5, 2]  # measured, not measured (5), failed
+        # measured within SLOWER x the best, fastest first, then the one not measured (5); slower ones (0: 5x,
+        # 4: 9x) and the failure (2) dropped
+        assert [c["tile"] for c in g.configs[nid]] == [3, 1, 5]
         assert g.predicted[nid] == 1.0
     assert list(info) == ["gemm 32x256x256 bias"]
     (row,) = info.values()
-    assert row["measured"] == 5 and row["first_s"] == 5.0 and row["best_s"] == 1.0
+    assert row["measured"] == 5 and row["first_s"] == 5.0 and row["best_s"] == 1.0 and row["kept"] == 3
     assert row["note"].startswith("1 of 5 settings failed: invalid")
     assert "1 of 5 settings failed" in next(iter(store.notes.values()))
     # another task's node of the same problem reuses the measurements
@@ -77,7 +80,7 @@ def test_a_refused_problem_keeps_the_models_order_and_says_why():
     store = Measured(trials=2)
     g = _genome({"a": CONV, "b": GEMM}, 2)
     info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
-    assert [c["tile"] for c in g.configs["a"]] == [0, 1] and [c["tile"] for c in g.configs["b"]] == [1, 0]
+    assert [c["tile"] for c in g.configs["a"]] == [0, 1] and [c["tile"] for c in g.configs["b"]] == [1]
     assert info["conv 1x3 odd"] == {"measured": 0, "note": f"ValueError: no kernel for {CONV}"}
     assert list(store.notes) == [(CONV, False)] and list(store.times) == [(GEMM, False)]
 
@@ -115,8 +118,28 @@ def test_a_model_workloads_seeds_run_measured_kernels(profile):
     assert any(k.startswith("gemm") for k in measured)
     for v in measured.values():
         assert v["best_s"] is not None and v["best_s"] <= v["first_s"]
+    for t in wl.tasks:  # the space indexes the settings left after the slow ones were dropped
+        genome = t.backend.genome
+        knobs = {k.name: k for k in t.space.knobs}
+        for name, nid in genome.knob_of.items():
+            assert knobs[name].values == tuple(range(len(genome.configs[nid])))
+        assert t.seeds and all(t.space.is_valid(c) for c in t.seeds)
     assert wl.manifest.options["kernel_trials"] == 3 and wl.phases["kernels_s"] > 0
     plain = graph_workload(g, "tb", kernel_trials=0)
     assert not any("measured_settings" in t.info for t in plain.tasks) and plain.phases["kernels_s"] == 0
     with pytest.raises(WorkloadError, match="kernel_trials"):
         graph_workload(g, "tb", kernel_trials=-1)
+
+
+def test_a_kernel_no_model_predicts_is_measured_too_after_the_predicted_ones():
+    # an attention kernel has no roofline model: its settings were left in the template's order, which the search
+    # rarely leaves; now it is measured after the kernels the model ranks, and its settings reordered the same way
+    target = _Target([4.0, 1.0, 1.1])
+    store = Measured(trials=3)
+    g = _genome({"a": GEMM, "s": CONV}, 3)
+    del g.predicted["s"]
+    info = measure_first_settings(g, target, {"s": {}, "a": {}}, 1, store)
+    assert target.log == [(), 0, 1, 2, "closed", (), 0, 1, 2, "closed"]
+    assert list(store.times) == [(GEMM, False), (CONV, False)]  # the predicted one first, whatever the plan's order
+    assert [c["tile"] for c in g.configs["s"]] == [1, 2] and g.predicted["s"] == 1.0
+    assert set(info) == {"gemm 32x256x256 bias", "conv 1x3 odd"}

@@ -138,7 +138,7 @@ def test_the_kernels_of_a_cold_model_are_measured_cold_and_only_those_with_const
             log.append((problem, constant_weights, cold_weights))
             return SimpleNamespace(measure=lambda cs: [Outcome.measured([1e-3] * 3) for _ in cs], close=lambda: None)
 
-    g = SimpleNamespace(problems={"w": "gemm-a", "x": "gemm-b"}, configs={n: [{"tile": 0}, {"tile": 1}] for n in "wx"},
+    g = SimpleNamespace(problems={"w": "gemm-a", "x": "gemm-b"}, strata_firsts={}, configs={n: [{"tile": 0}, {"tile": 1}] for n in "wx"},
                         predicted={"w": 2.0, "x": 1.0})
     measure_first_settings(g, Target(), {"w": {}, "x": {}}, 1, Measured(trials=2), constant=lambda n: n == "w",
                            cold=True)

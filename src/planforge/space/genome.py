@@ -195,7 +195,13 @@ class Genome:
         g._make_space()
         return g
 
+    def remake_space(self) -> None:
+        """The space again after ``configs`` changed (a node's settings reordered or dropped by measurement,
+        ``workloads.measured``): candidates of the old space do not carry over."""
+        self._make_space()
+
     def _make_space(self) -> None:
+        self.genes, self.knob_of = {}, {}
         knobs: list[Knob] = []
         for c in sorted(self.allowed, key=short):
             ns = self.allowed[c]

@@ -13,8 +13,11 @@ whose weight operand is a constant of the plan is measured as the plan binds it 
 B packed once when bound, not at every call; timed with the packing, a 32x1024x256 GEMM's packed settings ran
 118-284 us against 98-120 as the plan runs them, and lost their places to unpacked ones).
 
-A kernel that fails to build or run goes last among its node's settings, and the task's ``measured_settings``
-says how it failed; a target without kernel backends, or a problem its kernel backend refuses, keeps the model's
+A setting measured over ``SLOWER`` times its problem's best, or failing to build or run, is dropped from its
+node's settings, so that the search's one-knob steps from the seeds never step to it: measured as part of a whole
+plan, a step to a setting 6 us slower in a 170 us part is within the host's noise, and llama-2's search kept
+such a step to a SwiGLU twice as slow as its best (12 against 6 us, in both layers). A failure is said in the
+task's ``measured_settings``; a target without kernel backends, or a problem its kernel backend refuses, keeps the model's
 order, and says why.
 """
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any, Callable
 
 TRIALS = 16  # settings measured per distinct kernel problem (0: none, the model's order)
 SECONDS = 90.0  # wall seconds a workload spends on them at most
+SLOWER = 1.25  # a measured setting over this many times the best is dropped from its node's settings
 
 
 @dataclass
@@ -60,10 +64,15 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
         return genome.problems[nid], bool(constant is not None and constant(nid))
 
     nodes: dict[Any, list[str]] = {}  # every node of each (problem, constant) key: equal problems keep equal settings
-    for nid in genome.predicted:  # a template node with a model and one knob space (not a stratified one)
-        nodes.setdefault(key(nid), []).append(nid)
-    wanted = {key(nid) for nid in configs_of if nid in genome.predicted}
-    order = sorted(wanted, key=lambda p: -weight * max(genome.predicted[n] for n in nodes[p]))
+    for nid in genome.problems:  # a template node with one knob space (not a stratified one)
+        if nid not in genome.strata_firsts:
+            nodes.setdefault(key(nid), []).append(nid)
+    wanted = {key(nid) for nid in configs_of if nid in genome.problems and nid not in genome.strata_firsts}
+    # the largest predicted share first; a kernel no model predicts (an attention, a rotary embedding) after those,
+    # in the plan's order: its settings are otherwise in its template's order, which the search rarely leaves
+    # (llama-2's second attention kept a one-thread setting at 25 us where the first layer's search found 11)
+    rank = {pk: i for i, pk in enumerate(dict.fromkeys(key(nid) for nid in configs_of if key(nid) in wanted))}
+    order = sorted(wanted, key=lambda p: (-weight * max(genome.predicted.get(n, 0.0) for n in nodes[p]), rank[p]))
     for pk in order:
         if pk not in store.times and pk not in store.notes:
             if store.spent >= store.seconds:
@@ -80,15 +89,19 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
             k = repr(sorted(c.items()))
             return (1, 0.0, i) if k not in times else (2, 0.0, i) if times[k] is None else (0, times[k], i)
 
+        ok = [t for _, t in ts if t is not None]
         for nid in nodes[pk]:
             cfgs = sorted(enumerate(genome.configs[nid]), key=lambda ic: place(*ic))
+            if ok:  # what measured over SLOWER x the best, or failed, is no setting to step to
+                cfgs = [(i, c) for i, c in cfgs if place(i, c)[0] == 1 or
+                        (place(i, c)[0] == 0 and place(i, c)[1] <= SLOWER * min(ok))]
             genome.configs[nid] = [c for _, c in cfgs]
             first = place(*cfgs[0])
             if first[0] == 0:
                 genome.predicted[nid] = first[1]
         if pk in wanted:
-            ok = [t for _, t in ts if t is not None]
-            out[_label(*pk)] = {"measured": len(ts), "first_s": ts[0][1], "best_s": min(ok) if ok else None}
+            out[_label(*pk)] = {"measured": len(ts), "first_s": ts[0][1], "best_s": min(ok) if ok else None,
+                                "kept": len(genome.configs[nodes[pk][0]])}
     for pk in wanted:  # what failed, or was refused, and why
         if pk in store.notes:
             out.setdefault(_label(*pk), {"measured": 0})["note"] = store.notes[pk]
