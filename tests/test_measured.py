@@ -143,3 +143,12 @@ def test_a_kernel_no_model_predicts_is_measured_too_after_the_predicted_ones():
     assert list(store.times) == [(GEMM, False), (CONV, False)]  # the predicted one first, whatever the plan's order
     assert [c["tile"] for c in g.configs["s"]] == [1, 2] and g.predicted["s"] == 1.0
     assert set(info) == {"gemm 32x256x256 bias", "conv 1x3 odd"}
+
+
+def test_the_cpu_target_refuses_a_fused_mlp_kernel_at_once(profile):
+    """A fused MLP runs inside a plan only: its kernel backend is refused when asked for (one note in the task's
+    ``measured_settings``), not built and failed once per setting."""
+    from planforge.targets import TargetError, get_target
+
+    with pytest.raises(TargetError, match="inside a model's plan"):
+        get_target("cpu").kernel_backend(SimpleNamespace(op="mlp", dims=(1, 4), epilogue="none"))

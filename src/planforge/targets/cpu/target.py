@@ -242,7 +242,15 @@ class CpuTarget:
 
     # -- the backends ------------------------------------------------------------------
     def kernel_backend(self, problem, seed: int = 0, constant_weights: bool = False, cold_weights: bool = False):
+        """A ``TargetError`` at once for a problem no kernel workload measures (a fused MLP, which runs inside a
+        plan only), not a failure per measured setting."""
         from .kernel import CpuBackend
+        from .templates.problem import ProblemError, facts
+
+        try:
+            facts(problem)
+        except ProblemError as e:
+            raise TargetError(str(e)) from None
 
         return CpuBackend(problem, templates.TEMPLATES[problem.op], self.profile(), timing=self._timing(cold_weights),
                           seed=seed, constant_weights=constant_weights)
