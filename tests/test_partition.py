@@ -63,53 +63,13 @@ def test_a_value_still_needed_later_is_never_a_cut():
     assert cut_points(g) == [2]
 
 
-def test_one_plan_per_task_runs_every_instance_chained(profile):
-    """The plan tuned on a task's first part runs each other part of that task on its own weights."""
+def _library_programs(profile, g):
+    """``g`` cut into parts, and per task (part structure) a program of library steps of its first part."""
     from planforge.rewrite import saturate
     from planforge.rewrite.analysis import analyse, estimate
     from planforge.rewrite.extract import greedy, usable
     from planforge.space.genome import Genome
-    from planforge.targets.cpu.plan import ChainPlan, Plan, rebind
 
-    g = transformer(layers=3, seq=6, width=16, heads=2)
-    part = partition(g, whole_below=0)
-    programs = {}
-    for key, idx in part.keys.items():
-        rep = part.parts[idx[0]]
-        eg = saturate(rep.graph, ["epilogue", "layout", "algebra"])
-        a = analyse(eg, rep.graph)
-        allowed = usable(eg, {c: [n.id for n in ns if n.executable and n.impl not in ("tmpl", "fused")]
-                              for c, ns in eg.classes.items()})
-        costs = {nid: estimate(a, eg.node(nid), ceilings_of(profile)) for ns in allowed.values() for nid in ns}
-        genome = Genome.build(eg, a, allowed, greedy(eg, costs, allowed), knob_space=lambda p: None,
-                              defaults=lambda p: {})
-        programs[key] = (rep, genome.program({}))
-    chain = []
-    for p in part.parts:
-        rep, prog = programs[p.key]
-        names = {**dict(zip(rep.inputs, p.inputs)), **dict(zip(rep.params, p.params))}
-        chain.append((Plan(p.graph, rebind(prog, names), {}, {}), p.inputs, p.outputs))
-    plan = ChainPlan(g, chain)
-    xs = g.example_inputs(2)
-    ref = g.evaluate(*xs)[0]
-    out = plan(*xs)[0]
-    assert np.abs(out - ref).max() < 1e-4 * (1 + np.abs(ref).max())
-    assert plan(*xs)[0] is not out  # fresh arrays per call
-
-
-def test_a_chains_parts_share_one_region_for_their_inner_values(profile):
-    """``endtoend.chain`` gives every part's plan one ``SharedArena`` for the values that live within the part:
-    the parts' inner values overlap there, their outputs (read in place by later parts) stay apart, and the chain
-    computes what a chain of plans with arenas of their own does."""
-    from planforge.endtoend import chain as build_chain
-    from planforge.rewrite import saturate
-    from planforge.rewrite.analysis import analyse, estimate
-    from planforge.rewrite.extract import greedy, usable
-    from planforge.space.genome import Genome
-    from planforge.targets import get_target
-    from planforge.targets.cpu.plan import ChainPlan, Plan, rebind
-
-    g = transformer(layers=3, seq=6, width=16, heads=2)
     part = partition(g, whole_below=0)
     programs = {}
     for key, idx in part.keys.items():
@@ -122,13 +82,43 @@ def test_a_chains_parts_share_one_region_for_their_inner_values(profile):
         genome = Genome.build(eg, a, allowed, greedy(eg, costs, allowed), knob_space=lambda p: None,
                               defaults=lambda p: {})
         programs[key] = genome.program({})
-    task_of = {p.index: p.key for p in part.parts}
-    plan = build_chain(g, part, task_of, programs, get_target("cpu"))
-    own = ChainPlan(g, [(Plan(p.graph, rebind(programs[p.key], {**dict(zip(part.parts[part.keys[p.key][0]].inputs,
-                                                                           p.inputs)),
-                                                               **dict(zip(part.parts[part.keys[p.key][0]].params,
-                                                                          p.params))}), {}, {}), p.inputs, p.outputs)
-                        for p in part.parts])
+    return part, programs
+
+
+def _own_chain(g, part, programs):
+    """The chain of each part's plan on its own weights, every plan with an arena of its own."""
+    from planforge.targets.cpu.plan import ChainPlan, Plan, rebind
+
+    chain = []
+    for p in part.parts:
+        rep = part.parts[part.keys[p.key][0]]
+        names = {**dict(zip(rep.inputs, p.inputs)), **dict(zip(rep.params, p.params))}
+        chain.append((Plan(p.graph, rebind(programs[p.key], names), {}, {}), p.inputs, p.outputs))
+    return ChainPlan(g, chain)
+
+
+def test_one_plan_per_task_runs_every_instance_chained(profile):
+    """The plan tuned on a task's first part runs each other part of that task on its own weights."""
+    g = transformer(layers=3, seq=6, width=16, heads=2)
+    plan = _own_chain(g, *_library_programs(profile, g))
+    xs = g.example_inputs(2)
+    ref = g.evaluate(*xs)[0]
+    out = plan(*xs)[0]
+    assert np.abs(out - ref).max() < 1e-4 * (1 + np.abs(ref).max())
+    assert plan(*xs)[0] is not out  # fresh arrays per call
+
+
+def test_a_chains_parts_share_one_region_for_their_inner_values(profile):
+    """``endtoend.chain`` gives every part's plan one ``SharedArena`` for the values that live within the part:
+    the parts' inner values overlap there, their outputs (read in place by later parts) stay apart, and the chain
+    computes what a chain of plans with arenas of their own does."""
+    from planforge.endtoend import chain as build_chain
+    from planforge.targets import get_target
+
+    g = transformer(layers=3, seq=6, width=16, heads=2)
+    part, programs = _library_programs(profile, g)
+    plan = build_chain(g, part, {p.index: p.key for p in part.parts}, programs, get_target("cpu"))
+    own = _own_chain(g, part, programs)
     xs = g.example_inputs(3)
     np.testing.assert_array_equal(plan(*xs)[0], own(*xs)[0])
     plans = [p for p, _, _ in plan.parts]
