@@ -58,8 +58,8 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
     fastest first. ``constant(node id)``: whether that node's weight operand is a constant of the plan (default
     None: none is). ``cold``: the model's weights are more than the caches hold, so a kernel whose weights are
     constant is timed with them out of the caches (``Target.kernel_backend``'s ``cold_weights``; default False).
-    Returns, per problem the seeds run, how many settings were measured and the first and best
-    seconds."""
+    Returns, per problem the seeds run, how many settings were measured, the first and best seconds, and how
+    many of its settings were kept (``SLOWER``)."""
     def key(nid: str) -> tuple[Any, bool]:
         return genome.problems[nid], bool(constant is not None and constant(nid))
 

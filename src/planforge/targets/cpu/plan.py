@@ -405,17 +405,16 @@ class SharedArena:
     touched every part's (MobileNetV2 at 96x96: 4.5 MB of arenas, 1.1 MB the largest part's), each last
     written a whole call earlier.
 
-    ``capacity``: floats at most any part asks for (an upper bound: the region is allocated at once, and the
-    memory of what no part touches is never committed by the OS)."""
+    ``capacity``: floats at least any part asks for, allocated at once before the parts are built (``bound_of``:
+    the largest part's values all at once, an upper bound of what its arena needs)."""
 
     def __init__(self, capacity: int):
         self.buffer = aligned_zeros(max(int(capacity), 0) + ALIGN)
-        self.used = 0  # floats of it the largest part asked for
 
     def region(self, floats: int) -> np.ndarray:
+        """The whole region, for a part that needs ``floats`` of it (``PlanError`` when it is smaller)."""
         if floats > self.buffer.size:
             raise PlanError(f"a part asks for {floats} floats of the chain's shared arena of {self.buffer.size}")
-        self.used = max(self.used, int(floats))
         return self.buffer
 
     @staticmethod
