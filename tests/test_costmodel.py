@@ -97,7 +97,7 @@ def test_prediction_never_below_bound_and_bound_above_compute_floor(op, dims, ep
 def test_gemm_bound_counts_threads_vector_width_and_launch():
     m, space = model_for("gemm", (64, 256, 256), "none")
     base = {"mr": 4, "nv": 2, "unroll": 2, "pack_a": 1, "pack_b": 1, "order": "ji", "mc": 64, "kc": 256,
-            "nc": 256, "par": "n"}
+            "nc": 256, "par": "n", "pf": 0}
     one16, two16, one8 = (space.make({**base, "vec": v, "threads": t}) for v, t in ((16, 1), (16, 2), (8, 1)))
     b = dict(zip(("one16", "two16", "one8"), m.lower_bound([one16, two16, one8])))
     f = 2.0 * 64 * 256 * 256
@@ -110,7 +110,7 @@ def test_gemm_bound_counts_threads_vector_width_and_launch():
 def test_capacity_names_the_check_a_tile_fails():
     m, space = model_for("gemm", (256, 256, 2048), "none")
     big = space.make({"vec": 16, "mr": 6, "nv": 3, "unroll": 1, "pack_a": 1, "pack_b": 1, "order": "ji",
-                      "mc": 64, "kc": 256, "nc": 256, "threads": 1, "par": "n"})
+                      "mc": 64, "kc": 256, "nc": 256, "threads": 1, "par": "n", "pf": 0})
     small = space.make({**big.as_dict(), "nv": 1, "mr": 4, "kc": 128})
     assert m.capacity([big, small]) == ["A and B micro-panels exceed L1", None]
     assert m.predict([big])[0] == math.inf

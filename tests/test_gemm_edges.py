@@ -4,22 +4,28 @@ import numpy as np
 import pytest
 
 from planforge.targets.cpu.build import build, load
-from planforge.targets.cpu.templates import gemm, limits
+from planforge.ops.kernel import Problem
+from planforge.targets.cpu.templates import default_knobs, gemm, limits, quant_space
 
 
 def _vec(profile) -> int:
     return max(v for v in (1, 4, 8, 16) if v <= limits(profile).vector_lanes)
 
 
-@pytest.mark.parametrize("mr, nv, pack_a, pack_b, const_b, threads, epilogue", [
-    (6, 3, 0, 0, False, 1, "bias_erfgelu"), (4, 2, 1, 1, False, 1, "bias"), (3, 4, 1, 0, False, 1, "none"),
-    (1, 2, 0, 1, False, 1, "bias_relu"),
+PF = gemm.PF_ROWS
+
+
+@pytest.mark.parametrize("mr, nv, pack_a, pack_b, const_b, threads, epilogue, pf", [
+    (6, 3, 0, 0, False, 1, "bias_erfgelu", 0), (4, 2, 1, 1, False, 1, "bias", 0), (3, 4, 1, 0, False, 1, "none", 0),
+    (1, 2, 0, 1, False, 1, "bias_relu", 0),
     # B packed once when bound (a weight): blocks of nc 64 that are no whole number of panels, threads' slices
-    (3, 3, 0, 1, True, 1, "bias"), (2, 3, 1, 1, True, 2, "bias_relu")])
-def test_every_partial_tile(profile, mr, nv, pack_a, pack_b, const_b, threads, epilogue):
+    (3, 3, 0, 1, True, 1, "bias", 0), (2, 3, 1, 1, True, 2, "bias_relu", 0),
+    # B prefetched rows ahead, past the last row of K (45 < 2 * PF): row-major, packed once, packed per call
+    (4, 2, 0, 0, False, 1, "bias", PF), (3, 3, 0, 1, True, 2, "bias_relu", PF), (2, 2, 1, 1, False, 1, "none", PF)])
+def test_every_partial_tile(profile, mr, nv, pack_a, pack_b, const_b, threads, epilogue, pf):
     V = _vec(profile)
     knobs = dict(vec=V, mr=mr, nv=nv, unroll=2, pack_a=pack_a, pack_b=pack_b, order="ji", mc=16, kc=32, nc=64,
-                 threads=threads, par="n")
+                 threads=threads, par="n", pf=pf)
     lib = load(build(gemm.source(knobs, epilogue), openmp=threads > 1))
     rng = np.random.default_rng(mr * 10 + nv)
     K = 45  # two K blocks: the partial one accumulates onto the first
@@ -49,6 +55,23 @@ def test_edges_are_vector_code():
     src = gemm.source(knobs, "bias")
     for r, n in [(1, 3), (2, 3), (3, 3), (4, 1), (4, 2), (1, 1), (1, 2)]:
         assert f"uk_{r}_{n}(" in src
+
+
+def test_prefetch_is_the_knobs_and_only_the_fp32_kernels(profile):
+    """``pf`` writes a prefetch of the row ``PF_ROWS`` ahead into the full-tile micro-kernel (row-major B at its
+    row stride, packed B at the panel's), none without it; a quantised B (widened into panels per call) has none
+    whatever the knob says, and the quantised spaces keep ``pf`` at 0."""
+    knobs = dict(vec=16, mr=4, nv=2, unroll=1, pack_a=0, pack_b=0, order="ji", mc=16, kc=32, nc=64, threads=1,
+                 par="n")
+    assert "__builtin_prefetch" not in gemm.source({**knobs, "pf": 0}, "bias")
+    assert f"b + (long)(k + {PF}) * ldb" in gemm.source({**knobs, "pf": PF}, "bias")
+    assert f"b + (long)(k + {PF}) * NR" in gemm.source({**knobs, "pack_b": 1, "pf": PF}, "bias")
+    assert "__builtin_prefetch" not in gemm.source({**knobs, "pack_b": 1, "pf": PF, "wfmt": "int8"}, "bias")
+    lim = limits(profile)
+    qspace = quant_space(Problem("gemm", (32, 256, 256), "bias"), lim, ("fp32", "int8"))
+    point = {**default_knobs(Problem("gemm", (32, 256, 256), "bias"), lim), "pack_b": 1, "wfmt": "int8", "qblock": 32}
+    assert not any("pf" in v for v in qspace.violations({**point, "pf": 0}))
+    assert any("pf" in v for v in qspace.violations({**point, "pf": PF}))
 
 
 def test_small_gemms_stay_on_one_thread(profile):

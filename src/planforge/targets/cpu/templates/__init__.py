@@ -74,7 +74,7 @@ def _gemm_defaults(p: Problem, lim: Limits) -> dict[str, Any]:
     big = M * N * K >= 2**22
     mr = max(x for x in (1, 2, 3, 4, 6, 8) if x <= max(1, M) and x * 2 + 3 <= lim.vector_registers)
     return {"vec": _vec(lim), "mr": mr, "nv": 2, "unroll": 4, "pack_a": int(big), "pack_b": int(big), "order": "ji",
-            "mc": 64, "kc": 256, "nc": 1024, "threads": lim.physical_cores if big else 1, "par": "n"}
+            "mc": 64, "kc": 256, "nc": 1024, "threads": lim.physical_cores if big else 1, "par": "n", "pf": 0}
 
 
 def _gemv_defaults(p, lim: Limits) -> dict[str, Any]:
@@ -193,8 +193,10 @@ def quant_space(problem, lim: Limits, variants: tuple[str, ...]) -> Space:
         return space
     if problem.op == "mlp":  # a format per layer
         return mlp.with_formats(space, problem.layers, tuple(variants), lim.dot_i8_lanes, lim.dot_i8_vnni)
+    # a quantised GEMM's B is widened into panels per call, which its micro-kernel reads from the caches: no prefetch
     return qgemv.with_formats(space, tuple(variants), lim.dot_i8_lanes,
-                              "pack_b == 1" if problem.op == "gemm" else "w_layout == 'packed'", lim.dot_i8_vnni)
+                              "pack_b == 1 and pf == 0" if problem.op == "gemm" else "w_layout == 'packed'",
+                              lim.dot_i8_vnni)
 
 
 def default_knobs(problem, lim: Limits) -> dict[str, Any]:

@@ -13,8 +13,9 @@ thread, each running the whole blocked loop; the slices are claimed
 by the caller instead of being waited for.
 
 Compile-time knobs (baked into the source, one library each): mr, nv, pack_a,
-pack_b, order, unroll, vec. Runtime knobs (passed
-per call, no rebuild): mc, kc, nc, threads, par.
+pack_b, order, unroll, vec, pf (rows of B the micro-kernel prefetches ahead of
+the row it multiplies: 0 or ``PF_ROWS``). Runtime knobs (passed per call, no
+rebuild): mc, kc, nc, threads, par.
 """
 from __future__ import annotations
 
@@ -42,6 +43,17 @@ from .facts import Facts
 # per lane (as the convolution template's) is about 3 us of one core's FMA throughput.
 PAR_MACS_PER_LANE = 2 ** 14
 
+# Rows of B a micro-kernel with ``pf`` on prefetches ahead (every cache line of the row ``k + PF_ROWS`` of its
+# panel, into the L1), so that weights coming from memory arrive before the row that multiplies them: packed
+# panels run on into the next K block of the same panel, row-major B into the rows below. In a model whose
+# weights outgrow the caches (GPT-2 with 6 layers, 19 MB) each weight comes from the L3 or memory in the whole
+# call, where the hardware prefetcher, which stops at each 4 KiB page, leaves the FMAs waiting. Measured on a
+# Zen 4 (two threads, weights out of the caches, ``targets/cpu/scrub.py``): 32x256x768 packed 73 us against 86,
+# 32x1024x256 packed 101-110 against 113-129, row-major 32x256x768 87 against 91 (16 rows ahead: 77, 105, 86;
+# 64: 73, 102, 90); with the weights in the caches all even (57-89 us either way). GPT-2 with 6 layers' whole
+# call, a plan tuned without it: 1.90 against 2.00 ms with it forced on every GEMM (interleaved).
+PF_ROWS = 32
+
 
 class GemmArgs(ctypes.Structure):
     _fields_ = [("A", ctypes.c_void_p), ("B", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("C", ctypes.c_void_p),
@@ -68,6 +80,7 @@ def space(M: int, N: int, K: int, profile) -> Space:
             pow2("nc", 64, 8192),
             categorical("threads", tuple(range(1, profile.physical_cores + 1))),
             categorical("par", ("n", "m")),
+            categorical("pf", (0, PF_ROWS)),
         ],
         [
             # accumulators + B vectors + one broadcast fit in the register file
@@ -95,11 +108,12 @@ def space(M: int, N: int, K: int, profile) -> Space:
 
 
 def _ukernel(mr: int, nv: int, pack_a: int, pack_b: int, unroll: int, name: str = "ukernel",
-             rolled_epi: bool = False) -> str:
+             rolled_epi: bool = False, pf: int = 0) -> str:
     """An mr x (nv vectors) micro-kernel, written out so every accumulator is a named register variable. Packed
     panels keep the full tile's strides (``MR``, ``NR``): an edge kernel reads the same padded panels.
     ``rolled_epi``: apply the epilogue (the compile-time ``EPI``) in a loop over the stored tile instead of per
-    register (an edge kernel: less code to build)."""
+    register (an edge kernel: less code to build). ``pf``: rows of B prefetched ahead (0: none; ``PF_ROWS``).
+    A prefetch never faults: the rows past the matrix's last are fetched for nothing, not read."""
     a_at = (lambda i: f"a[k * MR + {i}]") if pack_a else (lambda i: f"a[{i} * lda + k]")
     b_at = (lambda v: f"b + k * NR + {v} * V") if pack_b else (lambda v: f"b + k * ldb + {v} * V")
     L = []
@@ -109,6 +123,9 @@ def _ukernel(mr: int, nv: int, pack_a: int, pack_b: int, unroll: int, name: str 
         L.append("    " + " ".join(f"vf c{i}_{v} = vset(0.0f);" for v in range(nv)))
     L.append(f"    #pragma GCC unroll {unroll}")
     L.append("    for (int k = 0; k < kc; k++) {")
+    if pf:  # each cache line (16 floats) of the row pf ahead
+        ahead = f"b + (long)(k + {pf}) * NR" if pack_b else f"b + (long)(k + {pf}) * ldb"
+        L.append(f"        for (int j = 0; j < NR; j += 16) __builtin_prefetch({ahead} + j, 0, 3);")
     for v in range(nv):
         L.append(f"        vf b{v} = vload({b_at(v)});")
     for i in range(mr):
@@ -183,7 +200,7 @@ def source(knobs: dict[str, Any], epilogue: str) -> str:
 {defs}#define PF_CHUNKS 1  /* one chunk per thread, as a static split: each chunk packs its own A */
 {header()}
 {PARFOR_C}
-{_ukernel(mr, nv, pa, pb, knobs['unroll'])}
+{_ukernel(mr, nv, pa, pb, knobs['unroll'], pf=0 if q else knobs.get('pf', 0))}
 
 /* scalar tile for the edges that packing does not pad */
 static void edge_tile(int mr, int nr, int kc, const float *a, long a_rs, long a_cs, const float *b, long b_rs,
