@@ -103,3 +103,55 @@ def test_a_plan_binds_these_library_steps_as_native_passes(kind, attr, ins, out_
     step()
     op, _ = LIBRARIES[kind]
     np.testing.assert_allclose(y, op.reference(xs, op.from_egg(attr)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, idx_shape, axis", [((1000, 256), (1, 32), 0), ((7, 5, 3), (4,), 1),
+                                                    ((7, 5, 3), (2, 2), 2), ((9,), (3, 1), 0)])
+def test_the_gather_is_numpys_take(shape, idx_shape, axis):
+    x = _f(*shape)
+    idx = RNG.integers(-shape[axis], shape[axis], idx_shape).astype(np.float32)  # negatives count from the end
+    want = np.take(x, idx.astype(np.int64), axis=axis)
+    out = np.full(want.shape, np.nan, np.float32)
+    step = lib_step("gather", str(axis), [x, idx], out)
+    assert not hasattr(step, "native")  # its index check is Python's, after the pass
+    step()
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("bad", [1000.0, -1001.0, 2.5])
+def test_a_gather_index_outside_the_table_is_an_error_naming_it(bad):
+    x, idx = _f(1000, 8), np.array([[3.0, bad, 4.0]], np.float32)
+    out = np.zeros((1, 3, 8), np.float32)
+    run = passes.bind_gather(x, idx, out, 0)
+    with pytest.raises(IndexError, match=f"1 of 3 indices outside the table's 1000 entries along axis 0 "
+                                         rf"\(the first: {bad:g}\)"):
+        run()
+    assert np.isnan(out[0, 1]).all() and np.array_equal(out[0, 0], x[3]) and np.array_equal(out[0, 2], x[4])
+    idx[0, 1] = 999
+    run()  # the same step with the index fixed: no error left over from the last call
+    np.testing.assert_array_equal(out[0, 1], x[999])
+
+
+def test_a_plan_run_again_reads_its_inputs_still_in_their_slots(profile):
+    """``Plan.run`` (a measurement's repeats) runs the steps again on the inputs already in their slots: an input
+    read only by the first step keeps its slot to the end, so a later value never overwrites the token ids an
+    embedding lookup reads (one did, and the lookup read garbage indices on the second run)."""
+    from planforge.ir.graph import GraphBuilder
+    from planforge.targets import get_target
+    from planforge.workloads.models import graph_workload
+
+    gb = GraphBuilder("lookup", seed=3)
+    ids = gb.input("ids", (1, 6))
+    gb.g.input_dtypes["ids"] = "int64"
+    h = gb.op("gather", gb.param("table", _f(50, 16)), ids, axis=0)
+    g = gb.output(gb.op("relu", gb.op("matmul", gb.op("relu", gb.op("matmul", h, gb.weight("w1", 16, 16))),
+                                      gb.weight("w2", 16, 16))))
+    task = graph_workload(g, "lookup").tasks[0]
+    plan = get_target("cpu").plan(g, task.backend.genome.program(task.seeds[0].as_dict()))
+    xs = g.example_inputs(1)
+    want = g.evaluate(*xs)[0]
+    first = plan(*xs)[0]
+    plan.run()
+    plan.run()
+    np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(plan.out_views[0], first)

@@ -50,8 +50,8 @@ COMPILED_PASSES = True
 
 def lib_step(kind: str, attr: str, ins: list[np.ndarray], out: np.ndarray) -> Callable[[], None]:
     """The library implementation ``kind`` (an op's, from the registry) bound to ``ins`` and ``out``; a max pool,
-    a global mean, a broadcast multiply or a transpose as this target's compiled pass (``templates/maxpool.py``,
-    ``templates/passes.py``) where it has one and it builds."""
+    a global mean, a broadcast multiply, a transpose or a gather as this target's compiled pass
+    (``templates/maxpool.py``, ``templates/passes.py``) where it has one and it builds."""
     hit = LIBRARIES.get(kind)
     if hit is None:
         raise PlanError(f"no library implementation of {kind!r}")
@@ -75,6 +75,8 @@ def compiled_step(kind: str, attrs: dict, ins: list[np.ndarray], out: np.ndarray
         return passes.bind_mul(ins[0], ins[1], out)
     if kind == "transpose":
         return passes.bind_transpose(ins[0], out, attrs.get("perm"))
+    if kind == "gather":
+        return passes.bind_gather(ins[0], ins[1], out, int(attrs.get("axis", 0)))
     return None
 
 
@@ -197,10 +199,10 @@ class Plan:
             base = alias.get(c, c)
             if base in slots:
                 slots[base].last = end
-        for name in graph.inputs:  # inputs live from the start
-            for s in program:
-                if s["op"] == "T.input" and s["args"][0] == name and s["cls"] in slots:
-                    slots[s["cls"]].first = -1
+        for name in graph.inputs:  # inputs live from the start to the end: ``run`` runs again on them (a
+            for s in program:      # measurement's repeats), and a slot reused after its last read held garbage
+                if s["op"] == "T.input" and s["args"][0] == name and s["cls"] in slots:  # ids for a gather
+                    slots[s["cls"]].first, slots[s["cls"]].last = -1, end
         outs = {alias.get(c, c) for c in self.output_classes}
         inner = {c: sl for c, sl in slots.items() if c not in outs} if shared is not None else {}
         self.inner = frozenset(inner)  # the values in the shared region
@@ -559,5 +561,8 @@ def peak_bytes_of(program: list[dict], graph: Graph) -> int:
     base = alias.get(root, root)
     if base in slots:
         slots[base].last = len(program)
+    for s in program:  # inputs hold their slots for the whole call, as ``Plan`` keeps them
+        if s["op"] == "T.input" and s["cls"] in slots:
+            slots[s["cls"]].first, slots[s["cls"]].last = -1, len(program)
     return 4 * plan_arena(list(slots.values())) + params
 

@@ -48,6 +48,12 @@ class MulArgs(ctypes.Structure):
         [(n, ctypes.c_int) for n in ("A", "R", "B", "sa", "threads")]
 
 
+class GatherArgs(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_void_p), ("idx", ctypes.c_void_p), ("y", ctypes.c_void_p),
+                ("outer", ctypes.c_long), ("n", ctypes.c_long), ("count", ctypes.c_long), ("inner", ctypes.c_long),
+                ("bad", ctypes.c_long), ("first", ctypes.c_double)]
+
+
 class PermArgs(ctypes.Structure):
     _fields_ = [("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("n", ctypes.c_long * 4),
                 ("ys", ctypes.c_long * 4), ("xs", ctypes.c_long * 4), ("threads", ctypes.c_int)]
@@ -157,6 +163,28 @@ static void perm_outer(const void *ctx, int lo, int hi) {  /* indices [lo, hi) o
 }
 
 void pf_permute(const perm_args *a) { pf_parfor((int)a->n[0], a->threads, perm_outer, a); }
+
+/* y[o, j, :] = x[o, idx[j], :] over [outer, n, inner] (count indices, held exactly in fp32 as the IR carries
+   integers; a negative one counts from the end, as numpy's take). An index that is not a whole number in
+   [-n, n) writes NaN into its row, and is counted in ``bad`` (the first in ``first``) for the caller to raise. */
+typedef struct { const float *x; const float *idx; float *y; long outer, n, count, inner, bad; double first; } gather_args;
+
+void pf_gather(gather_args *a) {
+    const long n = a->n, count = a->count, inner = a->inner;
+    a->bad = 0;
+    for (long j = 0; j < count; j++) {
+        const float f = a->idx[j];
+        long i = (long)f;
+        const int ok = (float)i == f && i >= -n && i < n;
+        if (!ok && a->bad++ == 0) a->first = f;
+        if (i < 0) i += n;
+        for (long o = 0; o < a->outer; o++) {
+            float *y = a->y + (o * count + j) * inner;
+            if (ok) memcpy(y, a->x + (o * n + i) * inner, (size_t)inner * sizeof(float));
+            else for (long c = 0; c < inner; c++) y[c] = __builtin_nanf("");
+        }
+    }
+}
 """.replace("@MEAN_BLOCK@", str(MEAN_BLOCK))
 
 def _fits(*arrays: np.ndarray) -> bool:
@@ -263,3 +291,35 @@ def bind_transpose(x: np.ndarray, out: np.ndarray, perm: Sequence[int] | None) -
     args = PermArgs(x.ctypes.data, out.ctypes.data, (ctypes.c_long * 4)(*n), (ctypes.c_long * 4)(*ys),
                     (ctypes.c_long * 4)(*xs), _threads(x.size, n[0]))
     return struct_call(lib.pf_permute, args, (x, out))
+
+
+class GatherIndexError(IndexError):
+    """A gather's index that is not a whole number within its table."""
+
+
+def bind_gather(x: np.ndarray, idx: np.ndarray, out: np.ndarray, axis: int) -> Callable[[], None] | None:
+    """``out`` = ``np.take(x, idx, axis)`` for indices carried in fp32 (an embedding lookup: rows of a table picked
+    by token ids), one copy of ``inner`` floats per index. An index outside ``[-n, n)`` or not a whole number
+    raises ``GatherIndexError`` after the call (its row holds NaN). Not a native step: the check is Python's,
+    after the pass (a plan's embedding lookup is its first step, the hop it costs is one)."""
+    axis = axis % max(x.ndim, 1)
+    fits = x.ndim >= 1 and _fits(x, idx, out) and out.size == x.size // max(x.shape[axis], 1) * idx.size
+    lib = built_library(SOURCE) if fits and out.size else None
+    if lib is None:
+        return None
+    args = GatherArgs(x.ctypes.data, idx.ctypes.data, out.ctypes.data, math.prod(x.shape[:axis]), x.shape[axis],
+                      idx.size, math.prod(x.shape[axis + 1:]), 0, 0.0)
+    fn = lib.pf_gather
+    fn.argtypes = [ctypes.c_void_p]
+    fn.restype = None
+    ptr = ctypes.addressof(args)
+    keep = (x, idx, out, args)
+
+    def run(fn=fn, ptr=ptr, args=args, keep=keep):
+        fn(ptr)
+        if args.bad:
+            raise GatherIndexError(f"{args.bad} of {args.count} indices outside the table's {args.n} entries along "
+                                   f"axis {axis} (the first: {args.first:g}); indices must be whole numbers in "
+                                   f"[-{args.n}, {args.n})")
+
+    return run
