@@ -126,9 +126,7 @@ class Problem:
         if self.op == "rope" and (self.epilogue not in ("bhsd", "bshd") or self.dims[3] % 2):
             raise ProblemError(f"rope {self.dims} {self.epilogue!r}: expected an even head width D and layout bhsd or bshd")
         if self.op == "attention":
-            kind, _, scale = self.epilogue.partition(":")
-            if kind not in ("full", "causal") or not _is_float(scale):
-                raise ProblemError(f"attention epilogue {self.epilogue!r}: expected full:SCALE or causal:SCALE")
+            attention_layout(self)
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "dims": list(self.dims), "epilogue": self.epilogue}
@@ -220,6 +218,61 @@ def conv_epilogue(p) -> tuple[str, str, list[str]]:
 
 
 LAYERNORM_EPS = 1e-5  # a layernorm problem's eps when its epilogue is "none" (PyTorch's default)
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Where an attention problem's operands sit (``Problem("attention", (BH, G, S, T, D, DV), epilogue)``):
+
+    - ``heads`` (the epilogue ``causal:SCALE`` / ``full:SCALE``): q ``[BH, G * S, D]``, k and v ``[BH, T, D|DV]``,
+      the output ``[BH, G * S, DV]``: head-major, as ``sdpa`` takes them;
+    - ``tokens`` (``...:tok:HK``): q ``[B, S, HK * G, D]``, k and v ``[B, T, HK, D|DV]``, the output ``[B, S, HK * G,
+      DV]`` (``BH = B * HK``): token-major, as the projections write them, so that no head transpose is copied;
+    - ``packed`` (``...:qkv:HK:W:OQ:OK:OV``): one ``[B, S, W]`` value (a fused QKV projection's output) holding q, k
+      and v as column windows starting at OQ, OK, OV (``T = S``), the output token-major: no split is copied either.
+    """
+
+    causal: bool
+    scale: float
+    kind: str = "heads"  # heads | tokens | packed
+    hk: int = 0          # kv heads per batch row (tokens, packed)
+    width: int = 0       # the packed value's row (packed)
+    offsets: tuple[int, int, int] = (0, 0, 0)  # q, k, v column offsets (packed)
+
+    def suffix(self) -> str:
+        """The epilogue's part after ``causal:SCALE``: empty, ``:tok:HK`` or ``:qkv:HK:W:OQ:OK:OV``."""
+        if self.kind == "tokens":
+            return f":tok:{self.hk}"
+        if self.kind == "packed":
+            return f":qkv:{self.hk}:{self.width}:" + ":".join(map(str, self.offsets))
+        return ""
+
+
+def attention_layout(p) -> AttentionLayout:
+    """The mask, scale and operand layout of an attention problem (``AttentionLayout``); ``ProblemError`` for an
+    epilogue that is none of its forms or a layout its dims do not fit."""
+    parts = p.epilogue.split(":")
+    why = f"attention epilogue {p.epilogue!r}: expected full:SCALE or causal:SCALE, then :tok:HK or :qkv:HK:W:OQ:OK:OV"
+    if len(parts) < 2 or parts[0] not in ("full", "causal") or not _is_float(parts[1]):
+        raise ProblemError(why)
+    causal, scale, rest = parts[0] == "causal", float(parts[1]), parts[2:]
+    if not rest:
+        return AttentionLayout(causal, scale)
+    if not all(x.isdigit() for x in rest[1:]) or (rest[0], len(rest)) not in (("tok", 2), ("qkv", 6)):
+        raise ProblemError(why)
+    BH, G, S, T, D, DV = p.dims
+    nums = [int(x) for x in rest[1:]]
+    hk = nums[0]
+    if hk < 1 or BH % hk:
+        raise ProblemError(f"{why}: {hk} kv heads do not divide BH = {BH}")
+    if rest[0] == "tok":
+        return AttentionLayout(causal, scale, "tokens", hk)
+    w, oq, ok, ov = nums[1:]
+    H = hk * G
+    if T != S or oq + H * D > w or ok + hk * D > w or ov + hk * DV > w:
+        raise ProblemError(f"{why}: q ({H} x {D} at {oq}), k ({hk} x {D} at {ok}) and v ({hk} x {DV} at {ov}) do not "
+                           f"fit rows of {w}, or T {T} is not S {S}")
+    return AttentionLayout(causal, scale, "packed", hk, w, (oq, ok, ov))
 
 
 def layernorm_eps(epilogue: str) -> float:

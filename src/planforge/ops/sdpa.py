@@ -283,6 +283,169 @@ def _rep_rules(E, v):
         E("sdpa_rep", q, k, vv, attr=join(*parts)))]}
 
 
+# -- sdpa_tok, sdpa_qkv: the attention read and written token-major, and read from a packed QKV value -----------
+# Models project q, k and v token-major ([B, S, H * D], seen as [B, S, H, D]) and transpose the heads out for the
+# attention and back after it: GPT-2 also splits one fused projection [B, S, 3 H D] into three. As imported, one
+# layer runs three slices, four head transposes and the attention (ten copies of a few microseconds in GPT-2's
+# 0.56 ms whole call). The ``layout`` rules make ``sdpa(T(q), T(k), T(v))`` (T: the head transpose, perm 0,2,1,3)
+# equal to ``T(sdpa_tok(q, k, v))``, whose output is token-major too, so that the transpose after the attention
+# cancels (``transpose``'s involution rule); and ``sdpa_tok`` of three reshaped slices of one value ``X`` equal to
+# ``sdpa_qkv(X)``, whose attribute records sdpa's and the six slice and reshape attributes (``|``-separated): its
+# semantics are the matched expression's for any shapes, and where the slices are column windows of X's last axis
+# and the reshapes split them into heads, the attention template reads q, k and v in place
+# (``AttentionLayout``); otherwise its library step computes what it matched.
+
+HEADS = "0,2,1,3"  # the head transpose [B, S, H, D] <-> [B, H, S, D]
+
+
+def _swap(s):
+    return (s[0], s[2], s[1], *s[3:])
+
+
+def _tok_shape(s, attrs):
+    need(all(len(x) == 4 for x in s), f"token-major attention takes rank-4 operands, got {s}")
+    return _swap(shape([_swap(x) for x in s], attrs))
+
+
+def _tok_reference(a, attrs):
+    return np.swapaxes(reference([np.swapaxes(x, 1, 2) for x in a], attrs), 1, 2)
+
+
+def _tok_step(ins, out, attrs):
+    """sdpa's step on head-major copies of the operands, its result transposed into ``out``."""
+    bufs = [np.empty(_swap(x.shape), np.float32) for x in ins]
+    o = np.empty(_swap(out.shape), np.float32)
+    inner = _step(bufs, o, attrs)
+
+    def run():
+        for b, x in zip(bufs, ins):
+            np.copyto(b, np.swapaxes(x, 1, 2))
+        inner()
+        np.copyto(out, np.swapaxes(o, 1, 2))
+
+    return run
+
+
+def _tok_kernel(s, out, attrs):
+    from .kernel import AttentionLayout
+
+    q, k, v = s
+    if len(q) != 4 or q[2] % k[2]:
+        return None
+    hk = k[2]
+    lay = AttentionLayout(bool(attrs.get("causal")), float(attrs["scale"]), "tokens", hk)
+    return Problem("attention", (q[0] * hk, q[2] // hk, q[1], k[1], q[3], v[3]),
+                   f"{'causal' if lay.causal else 'full'}:{lay.scale!r}{lay.suffix()}")
+
+
+def _tok_flops(s, out, attrs):
+    return flops([_swap(x) for x in s], out, attrs)
+
+
+def _tok_workspace(s) -> int:
+    return _workspace([_swap(x) for x in s]) + 4 * sum(math.prod(x) for x in s) + 4 * math.prod(s[0][:3]) * s[2][3]
+
+
+def _qkv_parse(s: str) -> dict:
+    from .registry import REGISTRY
+
+    parts = s.split(REP)
+    if len(parts) != 7:
+        raise ValueError(f"sdpa_qkv attribute {s!r}: expected sdpa's attribute, three slices and three shapes, "
+                         f"|-separated")
+    at = OPS[0].from_egg(parts[0])
+    at["slices"] = tuple(REGISTRY["slice"].from_egg(x) for x in parts[1:4])
+    at["shapes"] = tuple(REGISTRY["reshape"].from_egg(x)["shape"] for x in parts[4:])
+    return at
+
+
+def _qkv_unparse(attrs) -> str:
+    from .registry import REGISTRY
+
+    return REP.join([OPS[0].egg_attr(attrs), *(REGISTRY["slice"].egg_attr(sl) for sl in attrs["slices"]),
+                     *(",".join(map(str, x)) for x in attrs["shapes"])])
+
+
+def _qkv_parts(x, attrs):
+    """q, k, v (their shapes, or arrays) as the matched slices and reshapes make them of ``x``."""
+    from .registry import REGISTRY
+
+    sl, rs = REGISTRY["slice"], REGISTRY["reshape"]
+    if isinstance(x, np.ndarray):
+        return [sl.reference([x], a).reshape(r) for a, r in zip(attrs["slices"], attrs["shapes"])]
+    return [rs.shape([sl.shape([x], a)], {"shape": r}) for a, r in zip(attrs["slices"], attrs["shapes"])]
+
+
+def _qkv_shape(s, attrs):
+    return _tok_shape(_qkv_parts(s[0], attrs), attrs)
+
+
+def _qkv_reference(a, attrs):
+    return _tok_reference(_qkv_parts(a[0], attrs), attrs)
+
+
+def _qkv_step(ins, out, attrs):
+    views = _qkv_parts(ins[0], attrs)  # views of the input's buffer where numpy can (a step-1 slice), else copies
+    if not all(np.shares_memory(v, ins[0]) for v in views):
+        return lambda: np.copyto(out, _qkv_reference(ins, attrs))
+    return _tok_step(views, out, attrs)
+
+
+def packed_layout(x, attrs):
+    """The ``AttentionLayout`` of ``sdpa_qkv`` on an ``x`` of shape [B, S, W] where its slices are step-1 windows of
+    the last axis and its reshapes split each into heads [B, S, heads, width]; None otherwise."""
+    from .kernel import AttentionLayout
+
+    if len(x) != 3:
+        return None
+    offsets, heads = [], []
+    for sl, r in zip(attrs["slices"], attrs["shapes"]):
+        if sl["axis"] % 3 != 2 or sl.get("step", 1) != 1 or not 0 <= sl["start"] < sl["stop"] <= x[2]:
+            return None
+        if len(r) != 4 or tuple(r[:2]) != tuple(x[:2]) or r[2] * r[3] != sl["stop"] - sl["start"]:
+            return None
+        offsets.append(sl["start"])
+        heads.append((r[2], r[3]))
+    (h, d), (hk, dk), (hv, _) = heads
+    if dk != d or hv != hk or h % hk:
+        return None
+    return AttentionLayout(bool(attrs.get("causal")), float(attrs["scale"]), "packed", hk, x[2], tuple(offsets))
+
+
+def _qkv_kernel(s, out, attrs):
+    lay = packed_layout(s[0], attrs)
+    if lay is None:
+        return None
+    q, k, v = _qkv_parts(s[0], attrs)
+    return Problem("attention", (q[0] * lay.hk, q[2] // lay.hk, q[1], k[1], q[3], v[3]),
+                   f"{'causal' if lay.causal else 'full'}:{lay.scale!r}{lay.suffix()}")
+
+
+def _qkv_flops(s, out, attrs):
+    return _tok_flops(_qkv_parts(s[0], attrs), out, attrs)
+
+
+def _layout_rules(E, v):
+    from egglog import String, join, rewrite, var
+
+    x = v.x
+    a = [var(f"qkv_{i}", String) for i in range(7)]
+
+    def T(t):
+        return E("transpose", t, attr=HEADS)
+
+    def part(i):
+        return E("reshape", E("slice", x, attr=a[1 + i]), attr=a[4 + i])
+
+    attr = [a[0]]
+    for s in a[1:]:
+        attr += [REP, s]
+    return {"layout": [
+        rewrite(E("sdpa", T(v.x), T(v.y), T(v.w), attr=a[0])).to(T(E("sdpa_tok", v.x, v.y, v.w, attr=a[0]))),
+        rewrite(E("sdpa_tok", part(0), part(1), part(2), attr=a[0])).to(E("sdpa_qkv", x, attr=join(*attr))),
+    ]}
+
+
 OPS = [Op(
     "sdpa", 3, shape, reference,
     library={"sdpa": Library(_step, workspace=_workspace, passes=9)},
@@ -294,6 +457,7 @@ OPS = [Op(
     torch={"scaled_dot_product_attention": _torch},
     tolerance_terms=lambda s: s[1][-2] + s[0][-1],
     doc="scaled dot-product attention (causal, grouped-query)",
+    rules=_layout_rules,
 ), Op(
     "sdpa_rep", 3, _rep_shape, _rep_reference,
     library={"sdpa_rep": Library(_rep_step, workspace=_workspace, passes=9)},
@@ -303,4 +467,22 @@ OPS = [Op(
     tolerance_terms=lambda s: s[1][-2] + s[0][-1],
     internal=True,
     doc="sdpa of key/value heads repeated by reshape, expand, reshape (repeat_kv folded into the attention)",
+), Op(
+    "sdpa_tok", 3, _tok_shape, _tok_reference,
+    library={"sdpa_tok": Library(_tok_step, workspace=_tok_workspace, passes=13)},
+    egg_attr=lambda attrs: f"{'causal' if attrs.get('causal') else 'full'},{float(attrs['scale'])!r}",
+    from_egg=lambda s: {"causal": s.split(",")[0] == "causal", "scale": float(s.split(",")[1])},
+    flops=_tok_flops, templated=True, kernel=_tok_kernel,
+    tolerance_terms=lambda s: s[1][1] + s[0][-1],
+    internal=True,
+    doc="sdpa of token-major q, k, v [B, S, H, D], its output token-major (the head transposes folded in)",
+), Op(
+    "sdpa_qkv", 1, _qkv_shape, _qkv_reference,
+    library={"sdpa_qkv": Library(_qkv_step, workspace=lambda s: _tok_workspace([(*s[0][:2], 1, s[0][2])] * 3),
+                                 passes=13)},
+    egg_attr=_qkv_unparse, from_egg=_qkv_parse,
+    flops=_qkv_flops, templated=True, kernel=_qkv_kernel,
+    tolerance_terms=lambda s: s[0][1] + s[0][-1],
+    internal=True,
+    doc="sdpa_tok of q, k, v sliced from one packed value (a fused QKV projection's) and split into heads",
 )]

@@ -6,7 +6,7 @@ from egglog import rewrite
 
 from .base import Library, Op, ints, need
 
-INVOLUTIONS = ("1,0", "1,0,2", "0,2,1")  # permutations equal to their own inverse
+INVOLUTIONS = ("1,0", "1,0,2", "0,2,1", "0,2,1,3")  # permutations equal to their own inverse (the last: heads)
 
 
 def _perm(attrs, rank):

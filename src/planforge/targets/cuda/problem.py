@@ -412,6 +412,9 @@ def _attention(d: dict, dtype: str) -> CudaProblem:
     keys as queries, equal head dims and the scale 1/sqrt(D): the (1, BH, S, D) problem."""
     bh, g, s, t, dk, dv = (int(x) for x in d["dims"])
     mask, _, scale = str(d.get("epilogue", "")).partition(":")
+    if scale.count(":"):  # a token-major or packed layout (``ops.kernel.AttentionLayout``)
+        raise ProblemError(f"the attention template reads head-major q, k, v only, not the layout of "
+                           f"{d.get('epilogue')!r}")
     why = ("grouped-query heads" if g != 1 else "fewer keys than queries" if t != s else
            "different value and key head dims" if dv != dk else
            f"the scale {scale} (the template's is 1/sqrt({dk}))" if abs(float(scale or 0) * math.sqrt(dk) - 1) > 1e-9

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ....ops.kernel import ProblemError
+from ....ops.kernel import ProblemError, attention_layout
 from ....space import Space, categorical
 from .common import header, struct_call
 from .parfor import PARFOR_C
@@ -32,15 +32,30 @@ class AttnArgs(ctypes.Structure):
 
 
 def parse(p) -> tuple[bool, float]:
-    """(causal, scale) of a problem's epilogue ``full:SCALE`` / ``causal:SCALE``."""
-    kind, _, scale = p.epilogue.partition(":")
-    try:
-        s = float(scale)
-    except ValueError:
-        s = float("nan")
-    if kind not in ("full", "causal") or not math.isfinite(s):
-        raise ProblemError(f"attention epilogue {p.epilogue!r}: expected full:SCALE or causal:SCALE")
-    return kind == "causal", s
+    """(causal, scale) of a problem's epilogue ``full:SCALE`` / ``causal:SCALE`` (and a layout after them)."""
+    lay = attention_layout(p)
+    if not math.isfinite(lay.scale):
+        raise ProblemError(f"attention epilogue {p.epilogue!r}: the scale is not finite")
+    return lay.causal, lay.scale
+
+
+def strides(p) -> dict[str, int]:
+    """Per operand (Q, K, V, O), the floats from one batch row (``*B``), one head (``*H``) and one position (``*S``)
+    to the next, and where its columns start (``OQ``, ``OK``, ``OV``), for the problem's layout; ``HK``: the kv heads
+    per batch row (``BH`` for the head-major layout, whose batch rows are not told apart)."""
+    BH, G, S, T, D, DV = p.dims
+    lay = attention_layout(p)
+    if lay.kind == "heads":
+        return {"HK": BH, "QB": 0, "QH": S * D, "QS": D, "KB": 0, "KH": T * D, "KS": D, "VB": 0, "VH": T * DV,
+                "VS": DV, "OB": 0, "OH": S * DV, "OS": DV, "OQ": 0, "OK": 0, "OV": 0}
+    hk, H = lay.hk, lay.hk * G
+    out = {"OB": S * H * DV, "OH": DV, "OS": H * DV}
+    if lay.kind == "tokens":
+        return {"HK": hk, "QB": S * H * D, "QH": D, "QS": H * D, "KB": T * hk * D, "KH": D, "KS": hk * D,
+                "VB": T * hk * DV, "VH": DV, "VS": hk * DV, **out, "OQ": 0, "OK": 0, "OV": 0}
+    W, (oq, ok, ov) = lay.width, lay.offsets
+    return {"HK": hk, "QB": S * W, "QH": D, "QS": W, "KB": T * W, "KH": D, "KS": W, "VB": T * W, "VH": DV,
+            "VS": W, **out, "OQ": oq, "OK": ok, "OV": ov}
 
 
 def _vecs(lim) -> tuple[int, ...]:
@@ -123,8 +138,12 @@ static void tasks(const void *c, int lo, int hi) {
     for (long task = lo; task < hi; task++) {
         const long bh = task / NB, r0 = (task % NB) * BQ;
         const long r1 = r0 + BQ < R ? r0 + BQ : R;
-        const float *q = a->q + bh * R * D, *k = a->k + bh * (long)T * D, *v = a->v + bh * (long)T * DV;
-        float *o = a->o + bh * R * DV;
+        /* the operands' rows where the layout puts them (``strides``): query row i is head hk * G + i / S at
+           position i % S; key and value row j at position j */
+        const long b = bh / HK, hk = bh % HK;
+        const float *k = a->k + b * (long)KB + hk * (long)KH + OK, *v = a->v + b * (long)VB + hk * (long)VH + OV;
+#define QROW(i) (a->q + b * (long)QB + (hk * G + (i) / S) * (long)QH + ((i) % S) * (long)QS + OQ)
+#define OROW(i) (a->o + b * (long)OB + (hk * G + (i) / S) * (long)OH + ((i) % S) * (long)OS)
         float m[BQ], l[BQ], s[BQ][BK], acc[BQ][DV];
         int lim[BQ];
         for (long i = r0; i < r1; i++) {
@@ -139,10 +158,10 @@ static void tasks(const void *c, int lo, int hi) {
                 const int ii = (int)(i - r0);
                 const int je = j1 < lim[ii] ? j1 : lim[ii];
                 if (je <= j0) continue;                    /* a causal row: this block is past it */
-                const float *qi = q + i * D;
+                const float *qi = QROW(i);
                 float mx = m[ii];
                 for (int j = j0; j < je; j++) {
-                    float x = dot(qi, k + (long)j * D) * SCALE;
+                    float x = dot(qi, k + (long)j * KS) * SCALE;
                     s[ii][j - j0] = x;
                     mx = x > mx ? x : mx;
                 }
@@ -170,13 +189,14 @@ static void tasks(const void *c, int lo, int hi) {
                     si[j - j0] = expf(si[j - j0] - mx);
                     sum += si[j - j0];
                 }
-                for (j = j0; j < je; j++) axpy(acc[ii], si[j - j0], v + (long)j * DV);
+                for (j = j0; j < je; j++) axpy(acc[ii], si[j - j0], v + (long)j * VS);
                 l[ii] += sum;
             }
         }
         for (long i = r0; i < r1; i++) {
             const float inv = 1.0f / l[i - r0];
-            for (int c = 0; c < DV; c++) o[i * DV + c] = acc[i - r0][c] * inv;
+            float *o = OROW(i);
+            for (int c = 0; c < DV; c++) o[c] = acc[i - r0][c] * inv;
         }
     }
 }
@@ -192,17 +212,31 @@ def source(p, knobs) -> str:
     BH, G, S, T, D, DV = p.dims
     causal, scale = parse(p)
     defs = {"V": knobs["vec"], "BH": BH, "G": G, "S": S, "T": T, "D": D, "DV": DV, "BQ": knobs["bq"],
-            "BK": knobs["bk"], "CAUSAL": int(causal), "SCALE": f"{scale!r}f"}
+            "BK": knobs["bk"], "CAUSAL": int(causal), "SCALE": f"{scale!r}f", **strides(p)}
     return "".join(f"#define {k} {v}\n" for k, v in defs.items()) + header() + PARFOR_C + _KERNEL
 
 
+def _operand(x, size: int, what: str) -> np.ndarray:
+    """``x`` as the kernel reads it: a C-contiguous fp32 array of ``size`` floats, never a copy (a copy made when
+    the step is bound would be read at every call, stale)."""
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous) or x.size != size:
+        raise ValueError(f"attention reads {what} as {size} C-contiguous fp32 values, got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}")
+    return x
+
+
 def bind(lib, p, knobs, inputs: dict, out: np.ndarray):
+    """The kernel on ``inputs``: q, k, v (head- or token-major, ``attention_layout``) or, packed, x alone."""
     BH, G, S, T, D, DV = p.dims
-    q = np.ascontiguousarray(inputs["q"], np.float32).reshape(BH, G * S, D)
-    k = np.ascontiguousarray(inputs["k"], np.float32).reshape(BH, T, D)
-    v = np.ascontiguousarray(inputs["v"], np.float32).reshape(BH, T, DV)
-    if not out.flags.c_contiguous:
-        raise ValueError("attention writes a C-contiguous output")
+    lay = attention_layout(p)
+    if lay.kind == "packed":
+        x = _operand(inputs["x"], BH // lay.hk * S * lay.width, "the packed q, k, v")
+        q = k = v = x
+    else:
+        q = _operand(inputs["q"], BH * G * S * D, "q")
+        k = _operand(inputs["k"], BH * T * D, "k")
+        v = _operand(inputs["v"], BH * T * DV, "v")
+    _operand(out, BH * G * S * DV, "its output")
     return _call(lib.attention, (q, k, v, out), knobs)
 
 
@@ -213,6 +247,8 @@ def _call(fn, arrays, knobs):
 
 
 def plan_inputs(p, ins: list) -> dict:
+    if attention_layout(p).kind == "packed":
+        return {"x": ins[0]}
     return {"q": ins[0], "k": ins[1], "v": ins[2]}
 
 
@@ -220,24 +256,55 @@ def plan_inputs(p, ins: list) -> dict:
 
 def _inputs(p, rand):
     BH, G, S, T, D, DV = p.dims
+    lay = attention_layout(p)
+    if lay.kind == "packed":
+        return {"x": rand(BH // lay.hk, S, lay.width)}
+    if lay.kind == "tokens":
+        B, hk = BH // lay.hk, lay.hk
+        return {"q": rand(B, S, hk * G, D), "k": rand(B, T, hk, D), "v": rand(B, T, hk, DV)}
     return {"q": rand(BH, G * S, D), "k": rand(BH, T, D), "v": rand(BH, T, DV)}
 
 
 def output_shape(p) -> tuple[int, ...]:
     BH, G, S, T, D, DV = p.dims
+    lay = attention_layout(p)
+    if lay.kind != "heads":
+        return (BH // lay.hk, S, lay.hk * G, DV)
     return (BH, G * S, DV)
 
 
 def _as_heads(p, inp):
+    """q [BH, G, S, D], k [BH, 1, T, D], v [BH, 1, T, DV] (views where the layout allows) of any layout's inputs."""
     BH, G, S, T, D, DV = p.dims
-    return (inp["q"].reshape(BH, G, S, D), inp["k"].reshape(BH, 1, T, D), inp["v"].reshape(BH, 1, T, DV))
+    lay = attention_layout(p)
+    if lay.kind == "heads":
+        return (inp["q"].reshape(BH, G, S, D), inp["k"].reshape(BH, 1, T, D), inp["v"].reshape(BH, 1, T, DV))
+    B, hk = BH // lay.hk, lay.hk
+    if lay.kind == "packed":
+        x, (oq, ok, ov) = inp["x"], lay.offsets
+        q = x[..., oq:oq + hk * G * D].reshape(B, S, hk * G, D)
+        k, v = x[..., ok:ok + hk * D].reshape(B, T, hk, D), x[..., ov:ov + hk * DV].reshape(B, T, hk, DV)
+    else:
+        q, k, v = inp["q"], inp["k"], inp["v"]
+    # token-major [B, S, H, D] -> [B, H, S, D] -> [B * HK, G, S, D]
+    return (np.swapaxes(q, 1, 2).reshape(BH, G, S, D), np.swapaxes(k, 1, 2).reshape(BH, 1, T, D),
+            np.swapaxes(v, 1, 2).reshape(BH, 1, T, DV))
+
+
+def _to_layout(p, o: np.ndarray) -> np.ndarray:
+    """The head-major result ``[BH, G, S, DV]`` in the problem's output layout."""
+    BH, G, S, T, D, DV = p.dims
+    lay = attention_layout(p)
+    if lay.kind == "heads":
+        return o.reshape(output_shape(p))
+    return np.swapaxes(o.reshape(BH // lay.hk, lay.hk * G, S, DV), 1, 2)
 
 
 def reference(p, inp) -> np.ndarray:
     from ....ops.sdpa import reference as sdpa
 
     causal, scale = parse(p)
-    return sdpa(list(_as_heads(p, inp)), {"causal": causal, "scale": scale}).reshape(output_shape(p))
+    return np.ascontiguousarray(_to_layout(p, sdpa(list(_as_heads(p, inp)), {"causal": causal, "scale": scale})))
 
 
 def tolerance(p, inp) -> np.ndarray:
@@ -245,8 +312,9 @@ def tolerance(p, inp) -> np.ndarray:
     magnitudes (exp is relative to its argument) and the values."""
     BH, G, S, T, D, DV = p.dims
     _, scale = parse(p)
-    score = scale * np.abs(inp["q"]).max() * np.abs(inp["k"]).max() * D
-    vmax = np.abs(inp["v"]).max()
+    q, k, v = _as_heads(p, inp)
+    score = scale * np.abs(q).max() * np.abs(k).max() * D
+    vmax = np.abs(v).max()
     return np.full(output_shape(p), 8 * 2.0 ** -24 * (D + T) * (1 + score) * max(vmax, 1e-30))
 
 
@@ -256,25 +324,61 @@ def _flops(p) -> float:
 
 
 def _numpy(p, inp, out):
+    """sdpa's numpy step; with a token-major or packed layout, the head transposes (and splits) copied at every
+    call, as a user of numpy would have to."""
     from ....ops.sdpa import _step
 
     causal, scale = parse(p)
-    o = out.reshape(p.dims[0], p.dims[1], p.dims[2], p.dims[5])
-    return _step(list(_as_heads(p, inp)), o, {"causal": causal, "scale": scale})
+    BH, G, S, T, D, DV = p.dims
+    attrs = {"causal": causal, "scale": scale}
+    if attention_layout(p).kind == "heads":
+        return _step(list(_as_heads(p, inp)), out.reshape(BH, G, S, DV), attrs)
+    views = _as_heads(p, inp)
+    bufs = [np.empty(x.shape, np.float32) for x in views]
+    o = np.empty((BH, G, S, DV), np.float32)
+    inner = _step(bufs, o, attrs)
+    dst = out.reshape(output_shape(p))
+
+    def run():
+        for b, x in zip(bufs, views):
+            np.copyto(b, x)
+        inner()
+        np.copyto(dst, _to_layout(p, o))
+    return run
 
 
 def _torch(p, inp, out):
+    """torch's sdpa; a token-major or packed layout read through strided views of the same arrays (torch's
+    own handling of them, in every call)."""
     import torch
     import torch.nn.functional as F
 
     causal, scale = parse(p)
-    q, k, v = (torch.from_numpy(np.ascontiguousarray(x)) for x in _as_heads(p, inp))
-    o = torch.from_numpy(out).view(p.dims[0], p.dims[1], p.dims[2], p.dims[5])
+    BH, G, S, T, D, DV = p.dims
+    lay = attention_layout(p)
+    o = torch.from_numpy(out).view(*output_shape(p))
+    if lay.kind == "heads":
+        q, k, v = (torch.from_numpy(np.ascontiguousarray(x)) for x in _as_heads(p, inp))
 
-    def run():
+        def run():
+            with torch.inference_mode():
+                o.copy_(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+                        .view(*output_shape(p)))
+        return run
+    B, hk, H = BH // lay.hk, lay.hk, lay.hk * G
+    if lay.kind == "packed":
+        x, (oq, ok, ov) = torch.from_numpy(inp["x"]), lay.offsets
+        qs, ks, vs = (x[..., oq:oq + H * D].view(B, S, H, D), x[..., ok:ok + hk * D].view(B, T, hk, D),
+                      x[..., ov:ov + hk * DV].view(B, T, hk, DV))
+    else:
+        qs, ks, vs = (torch.from_numpy(inp[n]) for n in ("q", "k", "v"))
+
+    def run_tokens():
         with torch.inference_mode():
-            o.copy_(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True))
-    return run
+            r = F.scaled_dot_product_attention(qs.transpose(1, 2), ks.transpose(1, 2), vs.transpose(1, 2),
+                                               is_causal=causal, scale=scale, enable_gqa=True)
+            o.copy_(r.transpose(1, 2))
+    return run_tokens
 
 
 FACTS = Facts(inputs=_inputs, output_shape=output_shape, reference=reference, tolerance=tolerance, flops=_flops,
