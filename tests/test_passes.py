@@ -133,9 +133,9 @@ def test_a_gather_index_outside_the_table_is_an_error_naming_it(bad):
 
 
 def test_a_plan_run_again_reads_its_inputs_still_in_their_slots(profile):
-    """``Plan.run`` (a measurement's repeats) runs the steps again on the inputs already in their slots: an input
-    read only by the first step keeps its slot to the end, so a later value never overwrites the token ids an
-    embedding lookup reads (one did, and the lookup read garbage indices on the second run)."""
+    """``Plan.run`` (a measurement's repeats) runs the steps again on the inputs already in their slots: an index
+    input read only by the first step keeps its slot to the end, so a later value never overwrites the token ids
+    an embedding lookup reads (one did, and the lookup read garbage indices on the second run)."""
     from planforge.ir.graph import GraphBuilder
     from planforge.targets import get_target
     from planforge.workloads.models import graph_workload

@@ -199,10 +199,12 @@ class Plan:
             base = alias.get(c, c)
             if base in slots:
                 slots[base].last = end
-        for name in graph.inputs:  # inputs live from the start to the end: ``run`` runs again on them (a
-            for s in program:      # measurement's repeats), and a slot reused after its last read held garbage
-                if s["op"] == "T.input" and s["args"][0] == name and s["cls"] in slots:  # ids for a gather
-                    slots[s["cls"]].first, slots[s["cls"]].last = -1, end
+        for name in graph.inputs:  # inputs live from the start; an index or mask input (not fp32) to the end too:
+            for s in program:      # ``run`` runs again on the inputs in their slots (a measurement's repeats),
+                if s["op"] == "T.input" and s["args"][0] == name and s["cls"] in slots:
+                    slots[s["cls"]].first = -1  # and a gather reading a later value's bytes as token ids fails
+                    if graph.input_dtype(name) != graph.dtype:  # (an fp32 input's slot is reused: the repeat
+                        slots[s["cls"]].last = end                # times the same work on other values)
         outs = {alias.get(c, c) for c in self.output_classes}
         inner = {c: sl for c, sl in slots.items() if c not in outs} if shared is not None else {}
         self.inner = frozenset(inner)  # the values in the shared region
@@ -282,7 +284,8 @@ class Plan:
 
     # -- running ------------------------------------------------------------------
     def run(self) -> None:
-        """Run every step on the inputs already in their slots."""
+        """Run every step on the inputs already in their slots (an index or mask input keeps its slot to the end
+        of a call; an fp32 input's slot is reused after its last read, so a repeat computes on other values)."""
         for f in self.steps:
             f()
 
@@ -561,8 +564,8 @@ def peak_bytes_of(program: list[dict], graph: Graph) -> int:
     base = alias.get(root, root)
     if base in slots:
         slots[base].last = len(program)
-    for s in program:  # inputs hold their slots for the whole call, as ``Plan`` keeps them
-        if s["op"] == "T.input" and s["cls"] in slots:
+    for s in program:  # index and mask inputs hold their slots for the whole call, as ``Plan`` keeps them
+        if s["op"] == "T.input" and s["cls"] in slots and graph.input_dtype(s["args"][0]) != graph.dtype:
             slots[s["cls"]].first, slots[s["cls"]].last = -1, len(program)
     return 4 * plan_arena(list(slots.values())) + params
 
