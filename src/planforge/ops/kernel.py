@@ -239,13 +239,15 @@ class AttentionLayout:
     width: int = 0       # the packed value's row (packed)
     offsets: tuple[int, int, int] = (0, 0, 0)  # q, k, v column offsets (packed)
 
-    def suffix(self) -> str:
-        """The epilogue's part after ``causal:SCALE``: empty, ``:tok:HK`` or ``:qkv:HK:W:OQ:OK:OV``."""
+    def epilogue(self) -> str:
+        """The attention problem's epilogue that says all of this: ``causal:SCALE``, then ``:tok:HK`` or
+        ``:qkv:HK:W:OQ:OK:OV``."""
+        head = f"{'causal' if self.causal else 'full'}:{self.scale!r}"
         if self.kind == "tokens":
-            return f":tok:{self.hk}"
+            return f"{head}:tok:{self.hk}"
         if self.kind == "packed":
-            return f":qkv:{self.hk}:{self.width}:" + ":".join(map(str, self.offsets))
-        return ""
+            return f"{head}:qkv:{self.hk}:{self.width}:" + ":".join(map(str, self.offsets))
+        return head
 
 
 def attention_layout(p) -> AttentionLayout:

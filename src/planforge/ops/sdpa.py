@@ -286,7 +286,7 @@ def _rep_rules(E, v):
 # -- sdpa_tok, sdpa_qkv: the attention read and written token-major, and read from a packed QKV value -----------
 # Models project q, k and v token-major ([B, S, H * D], seen as [B, S, H, D]) and transpose the heads out for the
 # attention and back after it: GPT-2 also splits one fused projection [B, S, 3 H D] into three. As imported, one
-# layer runs three slices, four head transposes and the attention (ten copies of a few microseconds in GPT-2's
+# layer runs three slices, four head transposes and the attention (seven copies of a few microseconds in GPT-2's
 # 0.56 ms whole call). The ``layout`` rules make ``sdpa(T(q), T(k), T(v))`` (T: the head transpose, perm 0,2,1,3)
 # equal to ``T(sdpa_tok(q, k, v))``, whose output is token-major too, so that the transpose after the attention
 # cancels (``transpose``'s involution rule); and ``sdpa_tok`` of three reshaped slices of one value ``X`` equal to
@@ -334,8 +334,7 @@ def _tok_kernel(s, out, attrs):
         return None
     hk = k[2]
     lay = AttentionLayout(bool(attrs.get("causal")), float(attrs["scale"]), "tokens", hk)
-    return Problem("attention", (q[0] * hk, q[2] // hk, q[1], k[1], q[3], v[3]),
-                   f"{'causal' if lay.causal else 'full'}:{lay.scale!r}{lay.suffix()}")
+    return Problem("attention", (q[0] * hk, q[2] // hk, q[1], k[1], q[3], v[3]), lay.epilogue())
 
 
 def _tok_flops(s, out, attrs):
@@ -353,7 +352,7 @@ def _qkv_parse(s: str) -> dict:
     if len(parts) != 7:
         raise ValueError(f"sdpa_qkv attribute {s!r}: expected sdpa's attribute, three slices and three shapes, "
                          f"|-separated")
-    at = OPS[0].from_egg(parts[0])
+    at = _from_egg(parts[0])
     at["slices"] = tuple(REGISTRY["slice"].from_egg(x) for x in parts[1:4])
     at["shapes"] = tuple(REGISTRY["reshape"].from_egg(x)["shape"] for x in parts[4:])
     return at
@@ -362,7 +361,7 @@ def _qkv_parse(s: str) -> dict:
 def _qkv_unparse(attrs) -> str:
     from .registry import REGISTRY
 
-    return REP.join([OPS[0].egg_attr(attrs), *(REGISTRY["slice"].egg_attr(sl) for sl in attrs["slices"]),
+    return REP.join([_egg_attr(attrs), *(REGISTRY["slice"].egg_attr(sl) for sl in attrs["slices"]),
                      *(",".join(map(str, x)) for x in attrs["shapes"])])
 
 
@@ -417,8 +416,7 @@ def _qkv_kernel(s, out, attrs):
     if lay is None:
         return None
     q, k, v = _qkv_parts(s[0], attrs)
-    return Problem("attention", (q[0] * lay.hk, q[2] // lay.hk, q[1], k[1], q[3], v[3]),
-                   f"{'causal' if lay.causal else 'full'}:{lay.scale!r}{lay.suffix()}")
+    return Problem("attention", (q[0] * lay.hk, q[2] // lay.hk, q[1], k[1], q[3], v[3]), lay.epilogue())
 
 
 def _qkv_flops(s, out, attrs):
@@ -446,11 +444,19 @@ def _layout_rules(E, v):
     ]}
 
 
+def _egg_attr(attrs) -> str:
+    return f"{'causal' if attrs.get('causal') else 'full'},{float(attrs['scale'])!r}"
+
+
+def _from_egg(s: str) -> dict:
+    return {"causal": s.split(",")[0] == "causal", "scale": float(s.split(",")[1])}
+
+
 OPS = [Op(
     "sdpa", 3, shape, reference,
     library={"sdpa": Library(_step, workspace=_workspace, passes=9)},
-    egg_attr=lambda attrs: f"{'causal' if attrs.get('causal') else 'full'},{float(attrs['scale'])!r}",
-    from_egg=lambda s: {"causal": s.split(",")[0] == "causal", "scale": float(s.split(",")[1])},
+    egg_attr=_egg_attr,
+    from_egg=_from_egg,
     flops=flops,
     templated=True,
     kernel=kernel,
@@ -470,8 +476,7 @@ OPS = [Op(
 ), Op(
     "sdpa_tok", 3, _tok_shape, _tok_reference,
     library={"sdpa_tok": Library(_tok_step, workspace=_tok_workspace, passes=13)},
-    egg_attr=lambda attrs: f"{'causal' if attrs.get('causal') else 'full'},{float(attrs['scale'])!r}",
-    from_egg=lambda s: {"causal": s.split(",")[0] == "causal", "scale": float(s.split(",")[1])},
+    egg_attr=_egg_attr, from_egg=_from_egg,
     flops=_tok_flops, templated=True, kernel=_tok_kernel,
     tolerance_terms=lambda s: s[1][1] + s[0][-1],
     internal=True,

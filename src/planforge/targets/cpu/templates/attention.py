@@ -5,6 +5,10 @@ from an ``sdpa`` node): ``BH`` independent key/value
 heads (batch x kv heads), each shared by ``G`` query heads of ``S`` rows (grouped-query attention; the ``G * S``
 query rows of a kv head are contiguous, as ``[.., H, S, D]`` reshapes to ``[.., Hk, G * S, D]``), ``T`` keys of
 width ``D``, values of width ``DV``. Query row ``r`` sits at position ``r % S``; ``causal`` masks keys after it.
+The epilogue may go on with a layout (``ops.kernel.AttentionLayout``): ``:tok:HK``, q, k, v and the output
+token-major ``[B, S, heads, width]`` as the projections write them, or ``:qkv:HK:W:OQ:OK:OV``, q, k and v column
+windows of one ``[B, S, W]`` value (a fused QKV projection's): the kernel reads them in place (``strides``), no
+head transpose and no split copied.
 
 The kernel walks blocks of ``bq`` query rows (a task each, split over ``threads``) and, for each, blocks of ``bk``
 keys: the block's scores are computed with ``vec``-wide dot products into a ``bq x bk`` tile, the running row
