@@ -199,12 +199,15 @@ class Plan:
             base = alias.get(c, c)
             if base in slots:
                 slots[base].last = end
-        for name in graph.inputs:  # inputs live from the start; an index or mask input (not fp32) to the end too:
-            for s in program:      # ``run`` runs again on the inputs in their slots (a measurement's repeats),
+        # inputs live from the start; an index or mask input (not fp32) to the end too: ``run`` runs again on the
+        # inputs in their slots (a measurement's repeats), and a gather reading a later value's bytes as token ids
+        # fails (an fp32 input's slot is reused: the repeat times the same work on other values)
+        for name in graph.inputs:
+            for s in program:
                 if s["op"] == "T.input" and s["args"][0] == name and s["cls"] in slots:
-                    slots[s["cls"]].first = -1  # and a gather reading a later value's bytes as token ids fails
-                    if graph.input_dtype(name) != graph.dtype:  # (an fp32 input's slot is reused: the repeat
-                        slots[s["cls"]].last = end                # times the same work on other values)
+                    slots[s["cls"]].first = -1
+                    if graph.input_dtype(name) != graph.dtype:
+                        slots[s["cls"]].last = end
         outs = {alias.get(c, c) for c in self.output_classes}
         inner = {c: sl for c, sl in slots.items() if c not in outs} if shared is not None else {}
         self.inner = frozenset(inner)  # the values in the shared region

@@ -174,8 +174,9 @@ void pf_gather(gather_args *a) {
     a->bad = 0;
     for (long j = 0; j < count; j++) {
         const float f = a->idx[j];
-        long i = (long)f;
-        const int ok = (float)i == f && i >= -n && i < n;
+        /* in range before the conversion (a NaN or a huge float converted to long is undefined) */
+        const int ok = f >= (float)-n && f < (float)n && (float)(long)f == f;
+        long i = ok ? (long)f : 0;
         if (!ok && a->bad++ == 0) a->first = f;
         if (i < 0) i += n;
         for (long o = 0; o < a->outer; o++) {
