@@ -51,21 +51,22 @@ def _genome(problems: dict[str, str], n: int):
 
 
 def test_settings_are_reordered_fastest_first_slow_ones_and_failures_dropped_equal_problems_measured_once():
-    times = [5.0, 1.2, None, 1.0, 9.0, 3.0]  # the model's first is slow, its third fails, its fourth is fastest
+    times = [5.0, 1.05, None, 1.0, 9.0, 3.0]  # the model's first is slow, its third fails, its fourth is fastest
     target = _Target(times)
-    store = Measured(trials=5)
+    store = Measured(trials=5, rounds=0)  # the first settings only (refinement: below)
     g = _genome({"a": GEMM, "b": GEMM}, 6)
     info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
     # five measured once for the two nodes of one problem, then the backend closed
     assert target.log == [(), 0, 1, 2, 3, 4, "closed"]
     for nid in "ab":
         # measured within SLOWER x the best, fastest first, then the one not measured (5); slower ones (0: 5x,
-        # 4: 9x) and the failure (2) dropped
+        # 4: 9x) and the failure (2) dropped (and refinement off: no setting found beyond the model's)
         assert [c["tile"] for c in g.configs[nid]] == [3, 1, 5]
         assert g.predicted[nid] == 1.0
     assert list(info) == ["gemm 32x256x256 bias"]
     (row,) = info.values()
     assert row["measured"] == 5 and row["first_s"] == 5.0 and row["best_s"] == 1.0 and row["kept"] == 3
+    assert row["refined"] == 0
     assert row["note"].startswith("1 of 5 settings failed: invalid")
     assert "1 of 5 settings failed" in next(iter(store.notes.values()))
     # another task's node of the same problem reuses the measurements
@@ -114,7 +115,8 @@ def test_a_model_workloads_seeds_run_measured_kernels(profile):
     g = ZOO["transformer-block"]()
     wl = graph_workload(g, "tb", kernel_trials=3)
     measured = {k: v for t in wl.tasks for k, v in t.info.get("measured_settings", {}).items()}
-    assert measured and all(v["measured"] == 3 for v in measured.values())
+    assert measured and all(v["measured"] == 3 + v["refined"] for v in measured.values())
+    assert any(v["refined"] > 0 for v in measured.values())  # the largest kernels refined by one-knob moves
     assert any(k.startswith("gemm") for k in measured)
     for v in measured.values():
         assert v["best_s"] is not None and v["best_s"] <= v["first_s"]
@@ -152,3 +154,89 @@ def test_the_cpu_target_refuses_a_fused_mlp_kernel_at_once(profile):
 
     with pytest.raises(TargetError, match="inside a model's plan"):
         get_target("cpu").kernel_backend(SimpleNamespace(op="mlp", dims=(1, 4), epilogue="none"))
+
+
+# -- refinement: one-knob moves from the best measured setting ------------------------------------------------------
+
+def _tile_time(c):
+    """kc 32..256 (ordered), vec 8 or 16: larger kc and vec 16 faster; (256, 16) the best at 5."""
+    return 10.0 - {32: 0, 64: 1, 128: 2, 256: 3}[c["kc"]] - (2.0 if c["vec"] == 16 else 0.0)
+
+
+class _Backend2:
+    def __init__(self, log, time_of):
+        self.log, self.time_of = log, time_of
+
+    def measure(self, cands):
+        self.log.append([(c["kc"], c["vec"]) for c in cands])
+        return [Outcome.measured([self.time_of(c.as_dict())] * 3) for c in cands]
+
+    def close(self):
+        pass
+
+
+class _Target2:
+    """Two knobs, ``kc`` ordered (neighbours one step away) and ``vec`` categorical; ``time_of(setting)`` seconds."""
+
+    def __init__(self, time_of=_tile_time):
+        self.log, self.time_of = [], time_of
+
+    def knob_space(self, problem):
+        return Space([Knob("kc", (32, 64, 128, 256), "pow2"), Knob("vec", (8, 16), "categorical")])
+
+    def kernel_backend(self, problem, seed=0, constant_weights=False):
+        return _Backend2(self.log, self.time_of)
+
+
+def _model(problem, space):
+    """A model that rates each setting by the true time (refinement's moves in the order it prefers)."""
+    return lambda cands: [_tile_time(c.as_dict()) for c in cands]
+
+
+def _genome2(problems, configs):
+    return SimpleNamespace(problems=dict(problems), strata_firsts={},
+                           configs={nid: [dict(c) for c in configs] for nid in problems},
+                           predicted={nid: 1.0 for nid in problems})
+
+
+def test_refinement_walks_one_knob_moves_from_the_best_and_adds_what_it_finds_to_the_settings():
+    target = _Target2()
+    store = Measured(trials=4)  # 2 moves a round, 2 rounds
+    g = _genome2({"a": GEMM, "b": GEMM}, [{"kc": 32, "vec": 8}, {"kc": 64, "vec": 8}])  # the model's picks: 10, 9
+    info = measure_first_settings(g, target, {"a": {}}, 1, store, ranker=_model)
+    # the first settings, then from (64, 8) the model's best move of each knob, best rated first: vec 16 (7), kc
+    # up a step (8); then from (64, 16): kc 128 (6) rated over kc 32 (8), vec 8 measured; two rounds, then done
+    assert target.log == [[(32, 8), (64, 8)], [(64, 16), (128, 8)], [(128, 16)]]
+    row = info["gemm 32x256x256 bias"]
+    assert row["measured"] == 5 and row["refined"] == 3 and row["best_s"] == 6.0 and row["first_s"] == 10.0
+    for nid in "ab":  # refinement's best joins every node of the problem, first; the rest over SLOWER dropped
+        assert g.configs[nid] == [{"kc": 128, "vec": 16}]
+        assert g.predicted[nid] == 6.0
+
+
+def test_refinement_stops_when_a_round_finds_nothing_faster_and_skips_moves_the_model_rules_out():
+    flat = lambda c: 9.0 if (c["kc"], c["vec"]) == (64, 8) else 9.5  # noqa: E731  (64, 8) already the best
+    target = _Target2(flat)
+    store = Measured(trials=4)
+    g = _genome2({"a": GEMM}, [{"kc": 32, "vec": 8}, {"kc": 64, "vec": 8}])
+    no_vec16 = lambda problem, space: lambda cands: [float("inf") if c["vec"] == 16 else 1.0 for c in cands]  # noqa
+    info = measure_first_settings(g, target, {"a": {}}, 1, store, ranker=no_vec16)
+    assert target.log == [[(32, 8), (64, 8)], [(128, 8)]]  # one round: kc 128 only, vec 16 never measured
+    assert info["gemm 32x256x256 bias"]["refined"] == 1
+
+
+def test_refinement_has_its_own_clock_and_leaves_small_problems_alone():
+    target = _Target2()
+    store = Measured(trials=4, refine_seconds=0.0)
+    g = _genome2({"a": GEMM}, [{"kc": 32, "vec": 8}, {"kc": 64, "vec": 8}])
+    measure_first_settings(g, target, {"a": {}}, 1, store, ranker=_model)
+    assert target.log == [[(32, 8), (64, 8)]] and store.refined == {}
+    # two problems of one task: the one taking under REFINE_SHARE of its measured time is not refined
+    big_small = lambda c: 100.0 * _tile_time(c)  # noqa: E731
+    target = _Target2()
+    times = {GEMM: big_small, GEMM2: _tile_time}
+    target.kernel_backend = lambda problem, seed=0, constant_weights=False: _Backend2(target.log, times[problem])
+    store = Measured(trials=4)
+    g = _genome2({"a": GEMM, "b": GEMM2}, [{"kc": 32, "vec": 8}, {"kc": 64, "vec": 8}])
+    info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store, ranker=_model)
+    assert info["gemm 32x256x256 bias"]["refined"] > 0 and info["gemm 32x256x1024 bias"]["refined"] == 0

@@ -13,6 +13,14 @@ whose weight operand is a constant of the plan is measured as the plan binds it 
 B packed once when bound, not at every call; timed with the packing, a 32x1024x256 GEMM's packed settings ran
 118-284 us against 98-120 as the plan runs them, and lost their places to unpacked ones).
 
+The first settings are only the model's picks, which can all sit far from a problem's best: gpt2-6's 32x1024x256
+GEMM (GELU epilogue) ran its fastest of sixteen at 95 us where one knob away (``kc`` 32 -> 256) it ran 80. So the
+problems that take a large share of a task's measured time (``REFINE_SHARE``) are then refined by measurement: a
+round measures one-knob moves from the best setting so far (``Space.neighbours``: for each knob, the value its model
+predicts best, the best predicted moves first; ``trials // 2`` of them), and a second round moves again from the
+new best where the first found one; the settings found join their nodes' settings. Refinement has its own wall
+clock (``REFINE_SECONDS`` per workload), so a model with many kernels spends no more on the first settings.
+
 A setting measured over ``SLOWER`` times its problem's best, or failing to build or run, is dropped from its
 node's settings, so that the search's one-knob steps from the seeds never step to it: measured as part of a whole
 plan, a step to a setting 6 us slower in a 170 us part is within the host's noise, and llama-2's search kept
@@ -22,13 +30,18 @@ order, and says why.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 TRIALS = 16  # settings measured per distinct kernel problem (0: none, the model's order)
 SECONDS = 90.0  # wall seconds a workload spends on them at most
-SLOWER = 1.25  # a measured setting over this many times the best is dropped from its node's settings
+SLOWER = 1.1  # a measured setting over this many times the best is dropped from its node's settings
+REFINE_ROUNDS = 2  # rounds of one-knob moves from the best measured setting, trials // 2 moves each
+REFINE_SECONDS = 40.0  # wall seconds a workload spends refining at most
+REFINE_SHARE = 0.05  # a problem is refined when its measured best takes this share of its task's kernel time
+IMPROVED = 0.01  # a round that finds no setting this much faster than the best ends the refinement
 
 
 @dataclass
@@ -38,9 +51,13 @@ class Measured:
 
     trials: int = TRIALS
     seconds: float = SECONDS
+    rounds: int = REFINE_ROUNDS
+    refine_seconds: float = REFINE_SECONDS
     times: dict[Any, list[tuple[dict, float | None]]] = field(default_factory=dict)  # by (problem, constant)
     notes: dict[Any, str] = field(default_factory=dict)
+    refined: dict[Any, int] = field(default_factory=dict)  # settings measured by refinement, per problem
     spent: float = 0.0
+    refine_spent: float = 0.0
 
 
 def _label(problem, constant: bool = False) -> str:
@@ -51,15 +68,18 @@ def _label(problem, constant: bool = False) -> str:
 
 def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: int, store: Measured,
                            seed: int = 0, constant: Callable[[str], bool] | None = None,
-                           cold: bool = False) -> dict[str, Any]:
+                           cold: bool = False, ranker: Callable[[Any, Any], Callable | None] | None = None
+                           ) -> dict[str, Any]:
     """Measure the problems of the template nodes the lead seeds run (``configs_of``: those nodes' ids, each with a
     seed's config) that ``store`` has not measured yet, largest predicted share first (``weight``: how many times the
     task runs per model call), and reorder the settings of every node of ``genome`` whose problem ``store`` holds
     fastest first. ``constant(node id)``: whether that node's weight operand is a constant of the plan (default
     None: none is). ``cold``: the model's weights are more than the caches hold, so a kernel whose weights are
     constant is timed with them out of the caches (``Target.kernel_backend``'s ``cold_weights``; default False).
-    Returns, per problem the seeds run, how many settings were measured, the first and best seconds, and how
-    many of its settings were kept (``SLOWER``)."""
+    ``ranker(problem, space)``: a cost model's ``predict`` for a problem's settings (or None), which orders the
+    refinement's moves (default None: in the space's order). Returns, per problem the seeds run, how many settings
+    were measured (of them by refinement), the first and best seconds, and how many of its settings were kept
+    (``SLOWER``)."""
     def key(nid: str) -> tuple[Any, bool]:
         return genome.problems[nid], bool(constant is not None and constant(nid))
 
@@ -78,20 +98,30 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
             if store.spent >= store.seconds:
                 break
             _measure(pk, genome.configs[nodes[pk][0]][:store.trials], target, store, seed, cold)
+    # the problems taking a large share of this task's measured kernel time, largest first, refined
+    share = {pk: weight * _best(store.times.get(pk, [])) for pk in order if _best(store.times.get(pk, [])) < math.inf}
+    total = sum(share.values())
+    for pk in sorted(share, key=lambda p: -share[p]):
+        if store.refine_spent >= store.refine_seconds:
+            break
+        if pk not in store.refined and share[pk] >= REFINE_SHARE * total:
+            _refine(pk, target, store, seed, cold, ranker)
     out = {}
     for pk, ts in store.times.items():
         if pk not in nodes or not ts:
             continue
-        times = {repr(sorted(c.items())): t for c, t in ts}
+        times = {_fp(c): t for c, t in ts}
+        listed = {_fp(c) for c in genome.configs[nodes[pk][0]]}
+        found = [dict(c) for c, t in ts if t is not None and _fp(c) not in listed]  # refinement's settings
 
         def place(i: int, c: dict) -> tuple:
             """Measured and ok, fastest first; then the ones not measured, in the model's order; failures last."""
-            k = repr(sorted(c.items()))
+            k = _fp(c)
             return (1, 0.0, i) if k not in times else (2, 0.0, i) if times[k] is None else (0, times[k], i)
 
         ok = [t for _, t in ts if t is not None]
         for nid in nodes[pk]:
-            cfgs = sorted(enumerate(genome.configs[nid]), key=lambda ic: place(*ic))
+            cfgs = sorted(enumerate(genome.configs[nid] + [dict(c) for c in found]), key=lambda ic: place(*ic))
             if ok:  # what measured over SLOWER x the best, or failed, is no setting to step to
                 cfgs = [(i, c) for i, c in cfgs if place(i, c)[0] == 1 or
                         (place(i, c)[0] == 0 and place(i, c)[1] <= SLOWER * min(ok))]
@@ -101,11 +131,76 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
                 genome.predicted[nid] = first[1]
         if pk in wanted:
             out[_label(*pk)] = {"measured": len(ts), "first_s": ts[0][1], "best_s": min(ok) if ok else None,
-                                "kept": len(genome.configs[nodes[pk][0]])}
+                                "kept": len(genome.configs[nodes[pk][0]]), "refined": store.refined.get(pk, 0)}
     for pk in wanted:  # what failed, or was refused, and why
         if pk in store.notes:
             out.setdefault(_label(*pk), {"measured": 0})["note"] = store.notes[pk]
     return out
+
+
+def _fp(config: dict) -> str:
+    return repr(sorted(config.items()))
+
+
+def _best(ts: list[tuple[dict, float | None]]) -> float:
+    return min((t for _, t in ts if t is not None), default=math.inf)
+
+
+def _backend(key: tuple[Any, bool], target, seed: int, cold: bool):
+    problem, constant = key
+    return (target.kernel_backend(problem, seed=seed, constant_weights=True, cold_weights=True)
+            if constant and cold else target.kernel_backend(problem, seed=seed, constant_weights=constant))
+
+
+def _moves(space, best: dict, seen: set[str], predict: Callable | None, n: int) -> list:
+    """Up to ``n`` settings one knob away from ``best`` not measured yet: per knob the move ``predict`` rates best
+    (without a model, the first), the best rated first."""
+    per_knob: dict[str, list] = {}
+    for c in space.neighbours(space.make(best)):
+        if _fp(c.as_dict()) not in seen:
+            knob = next(k for k, v in c.as_dict().items() if best.get(k) != v)
+            per_knob.setdefault(knob, []).append(c)
+    cands = [c for cs in per_knob.values() for c in cs]
+    if not cands:
+        return []
+    t = [float(x) for x in predict(cands)] if predict is not None else [0.0] * len(cands)
+    rated = dict(zip((id(c) for c in cands), t))
+    firsts = [min(cs, key=lambda c: rated[id(c)]) for cs in per_knob.values()]
+    # a move the model finds infeasible (a register tile that spills) is not worth a measurement
+    return sorted((c for c in firsts if math.isfinite(rated[id(c)])), key=lambda c: rated[id(c)])[:n]
+
+
+def _refine(key: tuple[Any, bool], target, store: Measured, seed: int, cold: bool,
+            ranker: Callable[[Any, Any], Callable | None] | None) -> None:
+    """Rounds of one-knob moves from the best measured setting of ``key``'s problem (``_moves``), each measured;
+    ends after ``store.rounds`` rounds, a round that finds nothing ``IMPROVED`` faster, or the refinement's clock."""
+    t0 = time.perf_counter()
+    backend = None
+    store.refined[key] = 0
+    try:
+        space = target.knob_space(key[0])
+        predict = ranker(key[0], space) if ranker is not None else None
+        for _ in range(store.rounds):
+            ts = store.times[key]
+            best_t = _best(ts)
+            if best_t == math.inf or store.refine_spent + time.perf_counter() - t0 >= store.refine_seconds:
+                break
+            best = next(c for c, t in ts if t == best_t)
+            picks = _moves(space, best, {_fp(c) for c, _ in ts}, predict, max(1, store.trials // 2))
+            if not picks:
+                break
+            backend = backend or _backend(key, target, seed, cold)
+            outs = backend.measure(picks)
+            ts.extend((c.as_dict(), o.metric if o.ok else None) for c, o in zip(picks, outs))
+            store.refined[key] += len(picks)
+            if _best(ts) > best_t * (1.0 - IMPROVED):
+                break
+    except Exception as e:  # the first settings' measurements stand
+        store.notes.setdefault(key, f"refinement: {type(e).__name__}: {e}")
+    finally:
+        if backend is not None and hasattr(backend, "close"):
+            backend.close()
+        store.refine_spent += time.perf_counter() - t0
 
 
 def _measure(key: tuple[Any, bool], configs: list[dict], target, store: Measured, seed: int,
@@ -115,8 +210,7 @@ def _measure(key: tuple[Any, bool], configs: list[dict], target, store: Measured
     problem, constant = key
     try:
         # a target without kernel backends, one refusing this problem, or a broken backend: the model's order, and why
-        backend = (target.kernel_backend(problem, seed=seed, constant_weights=True, cold_weights=True)
-                   if constant and cold else target.kernel_backend(problem, seed=seed, constant_weights=constant))
+        backend = _backend(key, target, seed, cold)
         space = target.knob_space(problem)
         outs = backend.measure([space.make(c) for c in configs])
         store.times[key] = [(c, o.metric if o.ok else None) for c, o in zip(configs, outs)]
@@ -131,4 +225,4 @@ def _measure(key: tuple[Any, bool], configs: list[dict], target, store: Measured
         store.spent += time.perf_counter() - t0
 
 
-__all__ = ["Measured", "SECONDS", "TRIALS", "measure_first_settings"]
+__all__ = ["Measured", "REFINE_SECONDS", "SECONDS", "TRIALS", "measure_first_settings"]

@@ -290,7 +290,7 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
             steps = genome.template_steps(genome.candidate_of(choice).as_dict())
             measured_info.update(measure_first_settings(genome, target, {nid: k for nid, _, k in steps}, weight,
                                                         measured, seed, constant=weight_is_constant,
-                                                        cold=cold_weights))
+                                                        cold=cold_weights, ranker=ranker))
             genome.remake_space()  # settings dropped: the knob genes index what is left
             t_measure += time.perf_counter() - t
 
