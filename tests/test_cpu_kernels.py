@@ -78,7 +78,7 @@ def test_the_measuring_job_binds_a_constant_b_as_a_plan_does(profile, monkeypatc
     knobs = dict(TEMPLATES["gemm"].defaults(p, limits(profile)), pack_b=1, threads=1)
     seen = []
     real = gemm.bind
-    monkeypatch.setattr(gemm, "bind", lambda *a: seen.append(a[-1]) or real(*a))
+    monkeypatch.setattr(gemm, "bind", lambda *a: seen.append(a[6]) or real(*a))  # (lib, knobs, A, B, bias, C, const_b, res)
     be = CpuBackend(p, TEMPLATES["gemm"], profile, timing=ONCE, constant_weights=const)
     try:
         got = job.run_job(be._job("kernel", knobs, str(build(TEMPLATES["gemm"].source(p, knobs)).path)))

@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..ops.kernel import RESIDUAL
 from ..quant import bytes_per_weight
 from ..space import Candidate, Space
 from ..targets.cpu.templates import winograd
@@ -349,12 +350,13 @@ def _gemm(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     compute_pred = vec_flops / (c.rate_est(vec) * ilp) + scalar_flops / scalar_rate
     # traffic per level (the slowest thread's, at the bandwidth its team shares)
     wb, _ = _weight_format(k, n, K)  # a quantised B is read at its own size, widened as it is packed
-    foot = F32 * (M * K + M * N + N) + wb * K * N
+    res = 1.0 if m.epilogue == RESIDUAL else 0.0  # a residual: read once more, copied into C
+    foot = F32 * (M * K + (1 + res) * M * N + N) + wb * K * N
     home = np.broadcast_to(c.home(foot, active), (n,)) if not m.cold else np.full(n, LEVELS.index("DRAM"))
     traffic: dict[str, np.ndarray] = {}
     a_reads_home = _ceil(Nt, nc_) * Mt * K * float(F32)
     b_reads_home = 1.0 * K * Nt * wb
-    _add(traffic, home, a_reads_home + b_reads_home + 2.0 * Mt * Nt * F32)
+    _add(traffic, home, a_reads_home + b_reads_home + (2.0 + res) * Mt * Nt * F32)
     b_block = kc_ * nc_ * F32
     a_block = mc_ * kc_ * F32
     lvl_b = c.home(b_block, 1, per_thread=True)

@@ -5,7 +5,8 @@ A ``Problem`` is what the e-graph analysis asks a target's templates to run
 workload tunes. It is target-neutral: the CPU's C templates and a GPU's
 Triton templates implement the same problems.
 
-- ``Problem("gemm", (M, N, K), epilogue)``: ``act(A @ B + bias)``;
+- ``Problem("gemm", (M, N, K), epilogue)``: ``act(A @ B + bias)``, or with the epilogue ``bias_add`` (``RESIDUAL``)
+  ``A @ B + bias + R``, R of the output's shape (a transformer's residual connection);
 - ``Problem("gemv", (N, K), epilogue)``: the same for one row;
 - ``Problem("softmax" | "layernorm" | "rms", (rows, cols))``: row-wise over the last axis (a layernorm's
   epilogue ``none`` is eps 1e-5, ``eps=1e-12`` another; ``rms``: RMSNorm without its weight, ``eps`` an operand);
@@ -65,6 +66,14 @@ def gemm_epilogues() -> tuple[str, ...]:
     return ("none", "bias", *(f"bias_{op}" for op in activations().values()))
 
 
+RESIDUAL = "bias_add"  # the GEMM epilogue adding a residual R (of the output's shape) after the bias
+
+
+def gemm_residual(epilogue: str) -> tuple[str, bool]:
+    """(the GEMM epilogue without its residual, whether it adds one): ``bias_add`` -> (``bias``, True)."""
+    return ("bias", True) if epilogue == RESIDUAL else (epilogue, False)
+
+
 def epilogue_of_act(act: str) -> str | None:
     """The GEMM epilogue of a fused linear's activation (``none`` -> ``bias``), or None when no template has it."""
     if act == "none":
@@ -112,8 +121,10 @@ class Problem:
             raise ProblemError(f"{self.op} needs {want} positive integer sizes ({names}), got {self.dims}")
         if self.op in ("conv", "dwconv"):
             conv_epilogue(self)
-        if self.op in ("gemm", "gemv") and self.epilogue not in gemm_epilogues():
-            raise ProblemError(f"unknown epilogue {self.epilogue!r}; choose one of {', '.join(gemm_epilogues())}")
+        if self.op in ("gemm", "gemv"):
+            names = gemm_epilogues() + ((RESIDUAL,) if self.op == "gemm" else ())
+            if self.epilogue not in names:
+                raise ProblemError(f"unknown epilogue {self.epilogue!r} for a {self.op}; choose one of {', '.join(names)}")
         if self.op == "eltwise":
             try:
                 parse_chain(self.epilogue)
@@ -322,5 +333,5 @@ def problem_from_json(d: dict[str, Any]) -> Problem | MlpProblem:
     return Problem(d["op"], tuple(d["dims"]), d.get("epilogue", "none"))
 
 
-__all__ = ["CONV_FORMS", "KERNELS", "LAYERNORM_EPS", "MlpProblem", "Problem", "ProblemError", "activations", "chain_steps", "conv_epilogue", "eltwise_kernel", "epilogue_of_act",
-           "gemm_epilogues", "layernorm_eps", "parse_chain", "problem_from_json", "rowwise_kernel"]
+__all__ = ["CONV_FORMS", "KERNELS", "LAYERNORM_EPS", "MlpProblem", "Problem", "ProblemError", "RESIDUAL", "activations", "chain_steps", "conv_epilogue", "eltwise_kernel", "epilogue_of_act",
+           "gemm_epilogues", "gemm_residual", "layernorm_eps", "parse_chain", "problem_from_json", "rowwise_kernel"]

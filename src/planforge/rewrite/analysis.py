@@ -3,7 +3,11 @@
 Shapes come from the graph's inputs and parameters, propagated through the
 e-nodes by their ops' own shape rules (the op registry). A template e-node
 whose op no template can run at its shapes (a batched matmul, say) is marked
-unavailable: its op's ``kernel`` gives no problem. Costs are analytic
+unavailable: its op's ``kernel`` gives no problem. So is an e-node whose op's
+shape rule refuses its operands (a rewrite matched a form its result does not
+fit: a residual add after a batched matmul, whose 3-D weight no ``gemm_pack``
+takes), and one reading a class with no shape; its class takes its shape from
+another node. Costs are analytic
 estimates from the device's ceilings (roofline plus a per-call overhead);
 they guide the extractors and seed the search, the measurements decide.
 """
@@ -65,8 +69,8 @@ class Analysis:
         if n.impl != "tmpl":
             return None
         op, attrs, _ = op_of(n)
-        if op.kernel is None:
-            return None
+        if op.kernel is None or any(c not in self.shapes for c in (*n.children, n.eclass)):
+            return None  # (an operand's class with no shape: every node of it refused its operands)
         try:
             return op.kernel([self.shapes[c] for c in n.children], self.shapes[n.eclass], attrs)
         except ValueError:  # a problem the templates cannot take (ProblemError)
@@ -98,8 +102,12 @@ class Analysis:
         return 0
 
 
-def _shape(a: Analysis, n: ENode, g: Graph) -> tuple[int, ...] | None | bool:
-    """The output shape of ``n`` from its children's, ``False`` when a child is still unknown."""
+_REFUSED = object()  # ``_shape``: the op's shape rule refused the node's operands
+
+
+def _shape(a: Analysis, n: ENode, g: Graph) -> tuple[int, ...] | None | bool | object:
+    """The output shape of ``n`` from its children's, ``False`` when a child is still unknown, ``_REFUSED`` when
+    its op's shape rule refuses them."""
     op = n.op
     if op == "T.input":
         return tuple(g.inputs[n.args[0]])
@@ -121,7 +129,10 @@ def _shape(a: Analysis, n: ENode, g: Graph) -> tuple[int, ...] | None | bool:
         w = a.shapes.get(last_w[-1][0])
         return (*kids[0][:-1], w[-1]) if w else False
     entry, attrs, _ = op_of(n)
-    return tuple(entry.shape(kids, attrs))
+    try:
+        return tuple(entry.shape(kids, attrs))
+    except ValueError:  # ShapeError
+        return _REFUSED
 
 
 def analyse(eg: EClassGraph, g: Graph) -> Analysis:
@@ -150,10 +161,14 @@ def analyse(eg: EClassGraph, g: Graph) -> Analysis:
                 continue
             for n in nodes:
                 s = _shape(a, n, g)
-                if s is not False:
+                if s is not False and s is not _REFUSED:
                     a.shapes[cid] = s
                     changed = True
                     break
+    for ns in eg.classes.values():  # every node's operands checked, not only the one that gave its class a shape
+        for n in ns:
+            if n.op not in ("T.input", "T.param", "T.param_t") and _shape(a, n, g) in (False, _REFUSED):
+                a.unavailable.add(n.id)
     changed = True
     while changed:
         changed = False

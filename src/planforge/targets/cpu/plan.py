@@ -18,6 +18,7 @@ import numpy as np
 
 from ...ir import Graph
 from ...ops import LIBRARIES, REGISTRY
+from ...ops.kernel import gemm_residual
 from ...ops.pool import geometry as pool_geometry
 from .templates import TEMPLATES, maxpool, passes
 from .templates.parfor import open_library, wake_step
@@ -93,8 +94,11 @@ def template_step(problem, knobs: dict, lib: ctypes.CDLL, ins: list[np.ndarray],
         return t.bind(lib, problem, knobs, {"x": ins[0].reshape(-1), "weights": ws, "biases": bs}, out.reshape(-1))
     if op == "gemm":
         M, N, K = problem.dims
-        d = {"A": ins[0].reshape(M, K), "B": ins[1], "bias": ins[2] if len(ins) > 2 else None,
-             "B_const": len(consts) > 1 and consts[1]}
+        if gemm_residual(problem.epilogue)[1]:  # linear_add(x, gemm_pack(w, b), r): B and the bias are one operand
+            d = {"A": ins[0].reshape(M, K), "B": ins[1][:K], "bias": ins[1][K], "res": ins[2].reshape(M, N)}
+        else:
+            d = {"A": ins[0].reshape(M, K), "B": ins[1], "bias": ins[2] if len(ins) > 2 else None}
+        d["B_const"] = len(consts) > 1 and consts[1]
         return t.bind(lib, problem, knobs, d, out.reshape(M, N))
     if op == "gemv":
         d = {"x": ins[0].reshape(-1), "W": ins[1], "bias": ins[2] if len(ins) > 2 else None}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ....ops.kernel import MlpProblem, Problem, ProblemError, problem_from_json
+from ....ops.kernel import MlpProblem, Problem, ProblemError, gemm_residual, problem_from_json
 from ....space import Space
 from . import attention, conv, gemm, gemv, mlp, qgemv, rowwise
 from .problem import LIBRARIES, OPS, available_libraries, check, flops, make_inputs, min_bytes, output_shape, \
@@ -95,7 +95,8 @@ TEMPLATES: dict[str, Template] = {
         space=lambda p, lim: gemm.space(*p.dims, lim),
         defaults=_gemm_defaults,
         source=lambda p, k: gemm.source(k, p.epilogue),
-        bind=lambda lib, p, k, i, out: gemm.bind(lib, k, i["A"], i["B"], i.get("bias"), out, i.get("B_const", False)),
+        bind=lambda lib, p, k, i, out: gemm.bind(lib, k, i["A"], i["B"], i.get("bias"), out, i.get("B_const", False),
+                                                 i.get("res")),
         reference_inputs=lambda p, k, i: qgemv.reference_inputs(k, i, "B"),
         variants=lambda lim: qgemv.variants(lim, activations=False),  # B widened as it is packed: fp32 A
         openmp_threads=False,  # its threads claim their slices (templates/parfor.py): no OpenMP team to wait for
@@ -178,7 +179,9 @@ def knob_space(problem, lim: Limits) -> Space:
 def quant_variants(problem, lim: Limits) -> tuple[str, ...]:
     """The quantised variants (fp32, bf16, int8, int8+a8, int4:32...) the template of ``problem`` runs here."""
     t = TEMPLATES[problem.op]
-    return t.variants(lim) if t.variants is not None else ("fp32",)
+    if t.variants is None or gemm_residual(getattr(problem, "epilogue", ""))[1]:  # a residual GEMM: fp32 only
+        return ("fp32",)
+    return t.variants(lim)
 
 
 def quant_space(problem, lim: Limits, variants: tuple[str, ...]) -> Space:

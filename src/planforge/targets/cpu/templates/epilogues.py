@@ -10,13 +10,14 @@ from typing import Any, Callable
 import numpy as np
 
 from ....ops import REGISTRY
-from ....ops.kernel import parse_chain
+from ....ops.kernel import gemm_residual, parse_chain
 
 U32 = 2.0**-24
 
 
 def act_of(epilogue: str):
-    """The activation op of a GEMM epilogue ``bias_<op>``, or None (``none``, ``bias``)."""
+    """The activation op of a GEMM epilogue ``bias_<op>``, or None (``none``, ``bias``, ``bias_add``)."""
+    epilogue = gemm_residual(epilogue)[0]
     return REGISTRY[epilogue[len("bias_"):]] if epilogue.startswith("bias_") else None
 
 
@@ -81,8 +82,9 @@ def dense_tolerance(mag: np.ndarray, K: int, epilogue: str) -> np.ndarray:
     return tol + 1e-30
 
 
-def numpy_dense(a, b, bias, out: np.ndarray, epilogue: str) -> Callable[[], None]:
-    """``act(a @ b + bias)`` as numpy would be written by hand: out= everywhere, the activation in place."""
+def numpy_dense(a, b, bias, out: np.ndarray, epilogue: str, res=None) -> Callable[[], None]:
+    """``act(a @ b + bias)`` (or ``a @ b + bias + res``) as numpy would be written by hand: out= everywhere, the
+    activation in place."""
     act = act_of(epilogue)
     tail = None if act is None else act.library[act.name].step([out], out, act.from_egg(act.epilogue.attr))
 
@@ -91,14 +93,17 @@ def numpy_dense(a, b, bias, out: np.ndarray, epilogue: str) -> Callable[[], None
         if epilogue == "none":
             return
         np.add(out, bias, out=out)
+        if res is not None:
+            np.add(out, res, out=out)
         if tail is not None:
             tail()
 
     return run
 
 
-def torch_dense(a, b, bias, o, epilogue: str) -> Callable[[], None]:
-    """``act(a @ b + bias)`` in torch (``addmm`` then the activation), into ``o``."""
+def torch_dense(a, b, bias, o, epilogue: str, res=None) -> Callable[[], None]:
+    """``act(a @ b + bias)`` (or ``a @ b + bias + res``) in torch (``addmm`` then the activation or the
+    residual), into ``o``."""
     import torch
 
     act = act_of(epilogue)
@@ -110,6 +115,8 @@ def torch_dense(a, b, bias, o, epilogue: str) -> Callable[[], None]:
                 torch.mm(a, b, out=o)
             else:
                 torch.addmm(bias, a, b, out=o)
+                if res is not None:
+                    o.add_(res)
                 if f is not None:
                     o.copy_(f(o, None))
 

@@ -1,4 +1,4 @@
-"""GEMM template: C = act(A @ B + bias), fp32, row-major, BLIS-style blocking.
+"""GEMM template: C = act(A @ B + bias), fp32, row-major, BLIS-style blocking; or C = A @ B + bias + R.
 
 Loops (outer to inner): jc over N by ``nc``, pc over K by ``kc`` (B block
 packed into NR-wide panels when ``pack_b``), ic over M by ``mc`` (A block
@@ -6,7 +6,9 @@ packed into MR-tall panels when ``pack_a``), then the MR x NR register tiles
 in ``order`` ("ji": columns outer, "ij": rows outer). The micro-kernel keeps
 MR x NV vector accumulators in registers, unrolls K by ``unroll`` and applies
 the epilogue (bias, ReLU, GELU) while the tile is still in registers on the
-last K block. With ``threads`` > 1 the units of N (``par="n"``: NR-wide
+last K block. A residual R (the epilogue ``bias_add``) is copied into each
+thread's block of C before its first K block, which then accumulates onto it
+like any later one: no pass over C after the GEMM. With ``threads`` > 1 the units of N (``par="n"``: NR-wide
 panels) or of M (``par="m"``: MR-row panels) are cut into one slice per
 thread, each running the whole blocked loop; the slices are claimed
 (``templates/parfor.py``), so a thread that starts late has its slice taken
@@ -27,6 +29,7 @@ import numpy as np
 
 from ....space import Space, categorical, pow2
 from . import qgemm
+from ....ops.kernel import gemm_residual
 from .common import epi_code, header, struct_call
 from .parfor import PARFOR_C
 from .scratch import aligned_zeros
@@ -59,7 +62,7 @@ class GemmArgs(ctypes.Structure):
     _fields_ = [("A", ctypes.c_void_p), ("B", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("C", ctypes.c_void_p),
                 ("M", ctypes.c_int), ("N", ctypes.c_int), ("K", ctypes.c_int), ("mc", ctypes.c_int),
                 ("kc", ctypes.c_int), ("nc", ctypes.c_int), ("threads", ctypes.c_int), ("par", ctypes.c_int),
-                ("pre", ctypes.c_int)]
+                ("pre", ctypes.c_int), ("res", ctypes.c_void_p)]
 
 
 def space(M: int, N: int, K: int, profile) -> Space:
@@ -181,15 +184,20 @@ def _edges(mr: int, nv: int, pack_a: int, pack_b: int) -> str:
 def source(knobs: dict[str, Any], epilogue: str) -> str:
     """C source for the compile-time knobs of ``knobs`` (runtime knobs are ignored here)."""
     mr, nv, pa, pb = knobs["mr"], knobs["nv"], knobs["pack_a"], knobs["pack_b"]
+    epilogue, res = gemm_residual(epilogue)
     loop_ji = knobs["order"] == "ji"
     tile_loops = (("jr", "ir") if loop_ji else ("ir", "jr"))
-    defs = f"#define V {knobs['vec']}\n#define MR {mr}\n#define NV {nv}\n#define NR (NV * V)\n#define EPI {epi_code(epilogue)}\n"
+    defs = (f"#define V {knobs['vec']}\n#define MR {mr}\n#define NV {nv}\n#define NR (NV * V)\n#define EPI {epi_code(epilogue)}\n"
+            f"#define RES {int(res)}\n")
     loops = {
         "jr": "for (int jr = 0; jr < nb; jr += NR)",
         "ir": "for (int ir = 0; ir < mb; ir += MR)",
     }
     a_ptr = "ap + (ir / MR) * MR * kb" if pa else "A + (long)(ic + ir) * lda + pc"
     q = qgemm.parts(knobs) or {}  # a quantised B: its packing, type and the slices' column offsets
+    if q and res:
+        raise ValueError("a quantised GEMM takes no residual")
+    r_at = (lambda off: f"g->res ? g->res + {off} : NULL") if res else (lambda off: "NULL")
     b_ptr = "B + (long)pc * ldb + jc + jr"
     if pb:  # B packed per call into bp, or (fp32, ``pre``) once when bound, as NR-wide panels of all K rows
         b_ptr = "bp + (jr / NR) * NR * kb" if q else "(pre ? B + (long)((jc + jr) / NR) * NR * K + (long)pc * NR : bp + (jr / NR) * NR * kb)"
@@ -236,14 +244,17 @@ static void pack_a(int mb, int kb, const float *A, long lda, float *ap) {{
         }}
 }}
 
-static void gemm_block(const float *A, {q.get("block_b", "const float *B")}, const float *bias, float *C, int M, int N, int K,
+static void gemm_block(const float *A, {q.get("block_b", "const float *B")}, const float *bias, float *C, const float *R, int M, int N, int K,
                        long lda, long ldb, long ldc, int mc, int kc, int nc, int pre{q.get("block_j0", "")}) {{
     const int epi = EPI;
     for (int jc = 0; jc < N; jc += nc) {{
         int nb = N - jc < nc ? N - jc : nc;
+        const int res = RES && R;  /* the residual first, so that every K block accumulates (R may be C) */
+        if (res && R != C)
+            for (int i = 0; i < M; i++) memcpy(C + (long)i * ldc + jc, R + (long)i * ldc + jc, (size_t)nb * sizeof(float));
         for (int pc = 0; pc < K; pc += kc) {{
             int kb = K - pc < kc ? K - pc : kc;
-            int first = pc == 0, last = pc + kb >= K;
+            int first = pc == 0 && !res, last = pc + kb >= K;
             float *bp = {"pre ? NULL : scratch(&buf_b, &cap_b, (size_t)((nb + NR - 1) / NR) * NR * kb)" if pb else "NULL"};
             {"if (!pre) " + pack_call if pb else ""}
             for (int ic = 0; ic < M; ic += mc) {{
@@ -267,7 +278,7 @@ static void gemm_block(const float *A, {q.get("block_b", "const float *B")}, con
     }}
 }}
 
-{q.get("args", "typedef struct {{ const float *A, *B, *bias; float *C; int M, N, K, mc, kc, nc, threads, par, pre; }} gemm_args;").replace("{{", "{").replace("}}", "}")}
+{q.get("args", "typedef struct {{ const float *A, *B, *bias; float *C; int M, N, K, mc, kc, nc, threads, par, pre; " + ("const float *res; " if res else "") + "}} gemm_args;").replace("{{", "{").replace("}}", "}")}
 
 typedef struct {{ const gemm_args *g; int nc, pre; }} gemm_ctx;
 
@@ -280,11 +291,11 @@ static void gemm_units(const void *c, int lo, int hi) {{
     (void)pre;
     if (g->par == 0) {{
         int n0 = lo * NR, n1 = hi * NR < N ? hi * NR : N;
-        if (n0 < n1) gemm_block(A, {q.get("b_cols", "pre ? B + (long)(n0 / NR) * NR * K : B + n0")}, bias ? bias + n0 : NULL, C + n0, M, n1 - n0, K, K, N, N,
+        if (n0 < n1) gemm_block(A, {q.get("b_cols", "pre ? B + (long)(n0 / NR) * NR * K : B + n0")}, bias ? bias + n0 : NULL, C + n0, {r_at("n0")}, M, n1 - n0, K, K, N, N,
                                 g->mc, g->kc, nc, pre{q.get("j0", "")});
     }} else {{
         int m0 = lo * MR, m1 = hi * MR < M ? hi * MR : M;
-        if (m0 < m1) gemm_block(A + (long)m0 * K, B, bias, C + (long)m0 * N, m1 - m0, N, K, K, N, N,
+        if (m0 < m1) gemm_block(A + (long)m0 * K, B, bias, C + (long)m0 * N, {r_at("(long)m0 * N")}, m1 - m0, N, K, K, N, N,
                                 g->mc, g->kc, nc, pre{q.get("j0_zero", "")});
     }}
 }}
@@ -298,7 +309,7 @@ void pf_gemm(const gemm_args *g) {{
         pf_parfor(g->par == 0 ? (N + NR - 1) / NR : (M + MR - 1) / MR, g->threads, gemm_units, &x);
         return;
     }}
-    gemm_block(A, B, bias, C, M, N, K, K, N, N, g->mc, g->kc, nc, pre{q.get("j0_zero", "")});
+    gemm_block(A, B, bias, C, {r_at("0")}, M, N, K, K, N, N, g->mc, g->kc, nc, pre{q.get("j0_zero", "")});
 }}
 """
     return body
@@ -314,11 +325,12 @@ def panels(B: np.ndarray, nr: int) -> np.ndarray:
     return P
 
 
-def bind(lib: ctypes.CDLL, knobs: dict[str, Any], A, B, bias, C, const_b: bool = False):
+def bind(lib: ctypes.CDLL, knobs: dict[str, Any], A, B, bias, C, const_b: bool = False, res=None):
     """A zero-argument callable running the kernel on these numpy arrays (kept alive by the closure).
 
     ``const_b`` (default False): B holds the same values at every call (a weight), so that with ``pack_b`` it is
-    packed here, once, instead of at every call."""
+    packed here, once, instead of at every call. ``res``: the residual [M, N] of a ``bias_add`` kernel (default
+    None; it may be C itself)."""
     M, K = A.shape
     N = B.shape[1]
     if qgemm.parts(knobs) is not None:  # quantised B, packed once (cached) in the layout its packing reads
@@ -328,17 +340,19 @@ def bind(lib: ctypes.CDLL, knobs: dict[str, Any], A, B, bias, C, const_b: bool =
     Bp = panels(B, knobs["nv"] * knobs["vec"]) if pre else B
     args = GemmArgs(A.ctypes.data, Bp.ctypes.data, bias.ctypes.data if bias is not None else None, C.ctypes.data,
                     M, N, K, knobs["mc"], knobs["kc"], knobs["nc"], knobs["threads"], 0 if knobs["par"] == "n" else 1,
-                    int(pre))
-    return struct_call(lib.pf_gemm, args, (A, Bp, bias, C))
+                    int(pre), res.ctypes.data if res is not None else None)
+    return struct_call(lib.pf_gemm, args, (A, Bp, bias, C, res))
 
 
-# -- the gemm problem: C = act(A @ B + bias), A [M, K], B [K, N] ------------------------------------------------------
+# -- the gemm problem: C = act(A @ B + bias) (or A @ B + bias + R), A [M, K], B [K, N] ---------------------------
 
 def _inputs(p, rand):
     M, N, K = p.dims
     d = {"A": rand(M, K), "B": rand(K, N) / np.float32(math.sqrt(K))}
     if p.epilogue != "none":
         d["bias"] = rand(N)
+    if gemm_residual(p.epilogue)[1]:
+        d["res"] = rand(M, N)
     return d
 
 
@@ -346,16 +360,16 @@ def _torch(p, inp, out):
     import torch
 
     t = {k: torch.from_numpy(v) for k, v in inp.items()}
-    return torch_dense(t["A"], t["B"], t.get("bias"), torch.from_numpy(out), p.epilogue)
+    return torch_dense(t["A"], t["B"], t.get("bias"), torch.from_numpy(out), p.epilogue, t.get("res"))
 
 
 FACTS = Facts(
     inputs=_inputs,
     output_shape=lambda p: (p.dims[0], p.dims[1]),
-    reference=lambda p, f: apply_chain(f["A"] @ f["B"], p.epilogue, f.get("bias")),
-    tolerance=lambda p, f: dense_tolerance(np.abs(f["A"]) @ np.abs(f["B"]) + np.abs(f.get("bias", 0.0)),
-                                           p.dims[2], p.epilogue),
+    reference=lambda p, f: apply_chain(f["A"] @ f["B"], p.epilogue, f.get("bias"), f.get("res")),
+    tolerance=lambda p, f: dense_tolerance(np.abs(f["A"]) @ np.abs(f["B"]) + np.abs(f.get("bias", 0.0))
+                                           + np.abs(f.get("res", 0.0)), p.dims[2], p.epilogue),
     flops=lambda p: 2.0 * p.dims[0] * p.dims[1] * p.dims[2] + chain_flops(p.epilogue) * p.dims[0] * p.dims[1],
-    numpy=lambda p, inp, out: numpy_dense(inp["A"], inp["B"], inp.get("bias"), out, p.epilogue),
+    numpy=lambda p, inp, out: numpy_dense(inp["A"], inp["B"], inp.get("bias"), out, p.epilogue, inp.get("res")),
     torch=_torch,
 )
