@@ -130,3 +130,28 @@ def test_a_chains_parts_share_one_region_for_their_inner_values(profile):
         for o in p.out_views:
             assert not any(np.shares_memory(o, v) for vs in inner for v in vs)
     assert plan.peak_bytes < sum(p.peak_bytes for p in plans)  # the region counted once
+
+
+def test_the_parts_repeated_most_are_built_first_and_listed_in_the_models_order(monkeypatch):
+    """Kernel measurements and their refinement have clocks of their own, shared by a model's tasks: the tasks of
+    the parts repeated most are built (and measure) first, and the workload lists them in the model's order."""
+    from planforge.workloads import models
+
+    built = []
+    real = models.graph_task
+
+    def spy(graph, key, *a, weight=1, **kw):
+        built.append((key, weight))
+        return real(graph, key, *a, weight=weight, **kw)
+
+    monkeypatch.setattr(models, "graph_task", spy)
+    b = GraphBuilder("stem-res", seed=0)  # a stem run once, then three residual blocks alike
+    x = b.linear(b.input("x", (8, 16)), 16, 16, "stem", act="relu")
+    for i in range(4):
+        h = b.op("layernorm", x, b.vector(f"b{i}.g", 16, 0.1, 1.0), b.vector(f"b{i}.be", 16), eps=1e-5)
+        x = b.op("add", x, b.linear(b.linear(h, 16, 16, f"b{i}.fc1", act="relu"), 16, 16, f"b{i}.fc2"))
+    g = b.output(x)
+    assert [len(v) for v in partition(g, whole_below=0).keys.values()] == [1, 3]
+    wl = models.graph_workload(g, "stem-res", whole_below=0, kernel_trials=0)
+    assert [w for _, w in built] == [3, 1]
+    assert [len(t.info["instances"]) for t in wl.tasks] == [1, 3] and wl.tasks[0].info["instances"] == [0]

@@ -39,7 +39,7 @@ TRIALS = 16  # settings measured per distinct kernel problem (0: none, the model
 SECONDS = 90.0  # wall seconds a workload spends on them at most
 SLOWER = 1.1  # a measured setting over this many times the best is dropped from its node's settings
 REFINE_ROUNDS = 2  # rounds of one-knob moves from the best measured setting, trials // 2 moves each
-REFINE_SECONDS = 40.0  # wall seconds a workload spends refining at most
+REFINE_SECONDS = 30.0  # wall seconds a workload spends refining at most
 REFINE_SHARE = 0.05  # a problem is refined when its measured best takes this share of its task's kernel time
 IMPROVED = 0.01  # a round that finds no setting this much faster than the best ends the refinement
 
