@@ -13,8 +13,9 @@ whose weight operand is a constant of the plan is measured as the plan binds it 
 B packed once when bound, not at every call; timed with the packing, a 32x1024x256 GEMM's packed settings ran
 118-284 us against 98-120 as the plan runs them, and lost their places to unpacked ones).
 
-The first settings are only the model's picks, which can all sit far from a problem's best: gpt2-6's 32x1024x256
-GEMM (GELU epilogue) ran its fastest of sixteen at 95 us where one knob away (``kc`` 32 -> 256) it ran 80. So the
+The first settings are only the model's picks, which can all sit far from a problem's best: GPT-2's 32x1024x256
+GEMM (GELU epilogue) ran the best of its model's first sixteen at 86 us, the setting gpt2-6's plan kept at 95, and
+that setting one knob away (``kc`` 32 -> 256) at 80 (settings past L1 the model then failed outright). So the
 problems that take a large share of a task's measured time (``REFINE_SHARE``) are then refined by measurement: a
 round measures one-knob moves from the best setting so far (``Space.neighbours``: for each knob, the value its model
 predicts best, the best predicted moves first; ``trials // 2`` of them), and a second round moves again from the

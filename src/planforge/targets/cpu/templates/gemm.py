@@ -8,8 +8,8 @@ MR x NV vector accumulators in registers, unrolls K by ``unroll`` and applies
 the epilogue (bias, ReLU, GELU) while the tile is still in registers on the
 last K block. A residual R (the epilogue ``bias_add``) is copied into each
 thread's block of C before its first K block, which then accumulates onto it
-like any later one: no pass over C after the GEMM. With ``threads`` > 1 the units of N (``par="n"``: NR-wide
-panels) or of M (``par="m"``: MR-row panels) are cut into one slice per
+like any later one: no pass over C after the GEMM. With ``threads`` > 1 the
+units of N (``par="n"``: NR-wide panels) or of M (``par="m"``: MR-row panels) are cut into one slice per
 thread, each running the whole blocked loop; the slices are claimed
 (``templates/parfor.py``), so a thread that starts late has its slice taken
 by the caller instead of being waited for.
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from ....ops.kernel import gemm_residual
 from ....space import Space, categorical, pow2
 from . import qgemm
-from ....ops.kernel import gemm_residual
 from .common import epi_code, header, struct_call
 from .parfor import PARFOR_C
 from .scratch import aligned_zeros
