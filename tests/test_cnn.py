@@ -510,7 +510,8 @@ class _Inverted(nn.Module):
         def cbr(a, b, k, s=1, g=1, act=True):
             return nn.Sequential(nn.Conv2d(a, b, k, s, k // 2, groups=g, bias=False), nn.BatchNorm2d(b),
                                  *([nn.ReLU6()] if act else []))
-        self.body = nn.Sequential(cbr(cin, mid, 1), cbr(mid, mid, 3, s, mid), cbr(mid, cout, 1, act=False))
+        expand = [cbr(cin, mid, 1)] if t != 1 else []  # MobileNetV2's first block has no expansion
+        self.body = nn.Sequential(*expand, cbr(mid, mid, 3, s, mid), cbr(mid, cout, 1, act=False))
 
     def forward(self, x):
         return x + self.body(x) if self.res else self.body(x)

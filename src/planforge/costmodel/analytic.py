@@ -613,5 +613,63 @@ def _winograd(m: AnalyticModel, k: Mapping[str, np.ndarray], wm: int, res: bool,
             "foot": foot, "traffic": traffic}
 
 
+def _irb(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
+    """The inverted-residual block (``irb``, templates/irb.py): per work item (a band of rows, or a group of the
+    expanded channels) the expansion, depthwise and projection tiles over the item's pixels and channels, the
+    expanded rows in a ring (or the whole padded map) in the item's thread's caches, the weights read again per row
+    through the ring and once with the whole map."""
+    c = m.ceil
+    N, H, W, C, E, O, K, S = m.dims
+    P = K // 2
+    OH, OW = (H + 2 * P - K) // S + 1, (W + 2 * P - K) // S + 1
+    expand = not m.epilogue.startswith("copy/")
+    vec, mr1, nv1, owb, mr2, nv2 = (np.asarray(k[x], dtype=np.int64) for x in ("vec", "mr1", "nv1", "owb", "mr2",
+                                                                            "nv2"))
+    T = np.asarray(k["threads"], dtype=np.int64)
+    whole = np.asarray(k["whole"], dtype=np.int64) == 1
+    split_e = (np.asarray(k["split"], dtype=object) == "e") & (T > 1)
+    n = len(vec)
+    nb1, nb2 = nv1 * vec, nv2 * vec
+    nblk1 = _ceil(E, nb1)
+    ec = np.where(split_e, _ceil(nblk1, T), nblk1) * nb1          # the slowest item's expanded channels
+    op = _ceil(O, nb2) * nb2
+    rows = np.where(split_e, OH, _ceil(OH, T))                     # its output rows
+    rows_in = np.minimum(H, (rows - 1) * S + K)                     # and the input rows it expands
+    active = np.minimum(T, np.where(split_e, nblk1, OH))
+    px1 = np.where(whole, _ceil(H * W, mr1) * mr1, rows_in * _ceil(W, mr1) * mr1)
+    px2 = np.where(whole, _ceil(OH * OW, mr2) * mr2, rows * _ceil(OW, mr2) * mr2)
+    f1 = 2.0 * N * px1 * C * ec * expand
+    fd = 2.0 * N * rows * OW * ec * K * K
+    f2 = 2.0 * N * px2 * ec * op
+    flops = f1 + fd + f2
+    rate = c.rate_est(vec)
+    # FMA chains in flight and loads per FMA (two of each a cycle): broadcasts and weight vectors of the GEMM tiles;
+    # the depthwise tile's input vectors, each loaded once per kernel row for the columns it covers
+    ilp1, ilp2, ilpd = (np.minimum(1.0, a / FMA_CHAINS) for a in (mr1 * nv1, mr2 * nv2, owb))
+    ld1, ld2 = (mr1 + nv1) / (mr1 * nv1), (mr2 + nv2) / (mr2 * nv2)
+    ldd = ((owb - 1) * S + K) / (owb * K)
+    compute_pred = (f1 * np.maximum(1.0, ld1) / ilp1 + fd * np.maximum(1.0, ldd) / ilpd
+                    + f2 * np.maximum(1.0, ld2) / ilp2) / rate
+    compute_lb = m.useful / np.maximum(1, active) / c.rate_bound(vec)
+    w_b = F32 * ((C + 1) * E * expand + E * (K * K + 1) + (E + 1) * O)
+    part = np.where(split_e, 2.0 * F32 * (T - 1) * N * OH * OW * op, 0.0)
+    foot = F32 * N * (H * W * C + OH * OW * O) + w_b + part
+    home = np.broadcast_to(c.home(foot, active), (n,)) if not m.cold else np.full(n, LEVELS.index("DRAM"))
+    traffic: dict[str, np.ndarray] = {}
+    _add(traffic, home, foot / np.maximum(1, active))
+    # the item's weights: once with the whole map; through the ring, the expansion's per input row and the
+    # projection's per output row after the first, from where the item's share fits
+    w_item = F32 * (C * ec * expand + ec * op)
+    again = np.where(whole, 0.0, F32 * (np.maximum(0, rows_in - 1) * C * ec * expand + np.maximum(0, rows - 1) * ec * op))
+    _add(traffic, c.home(w_item, T, per_thread=True), N * again)
+    # the expanded rows (written once, read by the depthwise tiles K times) and the depthwise output
+    buf = F32 * ec * np.where(whole, (H + 2 * P) * (W + 2 * P) + OH * OW, (K + 1) * (W + 2 * P) + OW)
+    _add(traffic, c.home(buf, T, per_thread=True), F32 * N * ec * (rows_in * W + K * rows * (OW * S + K) + rows * OW))
+    serial = np.where(split_e, c.launch_s, 0.0)  # the second parallel loop: the groups' partial sums added
+    extra = {"ilp": np.minimum.reduce([ilp1, ilp2, ilpd]), "waste": flops * active / max(1.0, m.useful) - 1.0}
+    return _finish(m, n, flops=flops, threads=T, active=active, compute_lb=compute_lb, compute_pred=compute_pred,
+                   traffic=traffic, compulsory=foot, serial_s=serial, extra=extra)
+
+
 _MODELS = {"gemm": _gemm, "gemv": _gemv, "softmax": _rowwise, "layernorm": _rowwise, "eltwise": _rowwise,
-           "conv": _conv, "dwconv": _conv}
+           "conv": _conv, "dwconv": _conv, "irb": _irb}

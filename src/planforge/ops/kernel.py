@@ -13,6 +13,9 @@ Triton templates implement the same problems.
 - ``Problem("eltwise", (rows, cols), chain)``: a chain of elementwise steps;
 - ``Problem("conv" | "dwconv", (N, C, H, W, O, KH, KW, SH, SW, PT, PL, PB, PR, DH, DW, G), epilogue)``: a direct
   (resp. depthwise) convolution; the epilogue is ``layout/form/chain`` (see ``conv_epilogue``);
+- ``Problem("irb", (N, H, W, C, E, O, K, S), "act1/act2/res")``: an inverted-residual block in NHWC (a 1x1 expansion
+  C -> E with ``act1``, or ``copy`` for none; a KxK depthwise convolution, stride S, padding K // 2, with ``act2``; a
+  1x1 projection E -> O; ``add`` the input, or ``none``), see ``irb_epilogue``;
 - ``MlpProblem(layers)``: consecutive GEMV layers ``(K, N, act)`` fused into one kernel.
 
 GEMM epilogues are ``none``, ``bias`` and ``bias_<op>`` for every op of the
@@ -29,7 +32,8 @@ from typing import Any
 _CONV_DIMS = "N,C,H,W,O,KH,KW,SH,SW,PT,PL,PB,PR,DH,DW,G"
 KERNELS = {"gemm": "M,N,K", "gemv": "N,K", "softmax": "rows,cols", "layernorm": "rows,cols", "rms": "rows,cols",
            "eltwise": "rows,cols",
-           "conv": _CONV_DIMS, "dwconv": _CONV_DIMS, "attention": "BH,G,S,T,D,DV", "rope": "B,H,S,D", "swap12": "B,X,Y,D", "slab": "O,A,I,N"}
+           "conv": _CONV_DIMS, "dwconv": _CONV_DIMS, "attention": "BH,G,S,T,D,DV", "rope": "B,H,S,D", "swap12": "B,X,Y,D", "slab": "O,A,I,N",
+           "irb": "N,H,W,C,E,O,K,S"}
 MAY_BE_ZERO = {"PT", "PL", "PB", "PR"}  # a convolution's padding
 
 
@@ -138,6 +142,8 @@ class Problem:
             raise ProblemError(f"rope {self.dims} {self.epilogue!r}: expected an even head width D and layout bhsd or bshd")
         if self.op == "attention":
             attention_layout(self)
+        if self.op == "irb":
+            irb_epilogue(self)
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "dims": list(self.dims), "epilogue": self.epilogue}
@@ -158,7 +164,9 @@ class Problem:
             N, C, H, W, O, KH, KW = self.dims[:7]
             return C // self.dims[15] * KH * KW
         if self.op == "attention":
-            return self.dims[3] + self.dims[4]        # a softmax over T keys of dot products of length D
+            return self.dims[3] + self.dims[4]
+        if self.op == "irb":
+            return self.dims[3] + self.dims[6] ** 2 + self.dims[4]  # three sums, one after the other        # a softmax over T keys of dot products of length D
         return self.dims[2] if self.op == "gemm" else self.dims[1]
 
 
@@ -226,6 +234,22 @@ def conv_epilogue(p) -> tuple[str, str, list[str]]:
     if (H + PT + PB - DH * (KH - 1) - 1) < 0 or (W + PL + PR - DW * (KW - 1) - 1) < 0:
         raise ProblemError(f"{p.op}: a {KH}x{KW} kernel does not fit a padded {H}x{W} input")
     return parts[0], parts[1], steps
+
+
+def irb_epilogue(p) -> tuple[str, str, bool]:
+    """(act1, act2, residual) of an inverted-residual block problem's epilogue ``act1/act2/add|none``: activations
+    of the expansion (``copy``: the block has none, C == E) and of the depthwise convolution (``none`` for none)."""
+    parts = p.epilogue.split("/")
+    acts = activations()
+    N, H, W, C, E, O, K, S = p.dims
+    if (len(parts) != 3 or parts[0] not in (*acts, "none", "copy") or parts[1] not in (*acts, "none")
+            or parts[2] not in ("add", "none")):
+        raise ProblemError(f"irb epilogue {p.epilogue!r}: expected act1/act2/add|none, act1 among copy, none, "
+                           f"{', '.join(acts)}; act2 among none, {', '.join(acts)}")
+    if K % 2 == 0 or S > 2 or (parts[0] == "copy" and C != E) or (parts[2] == "add" and (C != O or S != 1)):
+        raise ProblemError(f"irb {p.dims} {p.epilogue!r}: the kernel must be odd, the stride 1 or 2, a block without "
+                           f"expansion keeps its channels (C == E), a residual block its shape (C == O, stride 1)")
+    return parts[0], parts[1], parts[2] == "add"
 
 
 LAYERNORM_EPS = 1e-5  # a layernorm problem's eps when its epilogue is "none" (PyTorch's default)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ....ops.kernel import MlpProblem, Problem, ProblemError, gemm_residual, problem_from_json
 from ....space import Space
-from . import attention, conv, gemm, gemv, mlp, qgemv, rowwise
+from . import attention, conv, gemm, gemv, irb, mlp, qgemv, rowwise
 from .problem import LIBRARIES, OPS, available_libraries, check, flops, make_inputs, min_bytes, output_shape, \
     reference, tolerance
 
@@ -138,6 +138,8 @@ TEMPLATES: dict[str, Template] = {
     **{op: Template(op, space=conv.space, defaults=conv.defaults, source=conv.source, bind=conv.bind,
                     plan_inputs=conv.plan_inputs, openmp_threads=False)  # rows / blocks claimed (parfor)
        for op in ("conv", "dwconv")},
+    "irb": Template("irb", space=irb.space, defaults=irb.defaults, source=irb.source, bind=irb.bind,
+                    plan_inputs=irb.plan_inputs, openmp_threads=False),  # work items claimed (parfor)
     "attention": Template("attention", space=attention.space, defaults=attention.defaults, source=attention.source,
                           bind=attention.bind, plan_inputs=attention.plan_inputs,
                           openmp_threads=False),  # (head, query block) tasks claimed (templates/parfor.py)

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ....ops.kernel import KERNELS, Problem, ProblemError
-from . import attention, conv, gemm, gemv, rowwise
+from . import attention, conv, gemm, gemv, irb, rowwise
 from .facts import Facts
 
 OPS = tuple(KERNELS)
@@ -22,7 +22,7 @@ FACTS: dict[str, Facts] = {"gemm": gemm.FACTS, "gemv": gemv.FACTS, "softmax": ro
                            "layernorm": rowwise.FACTS, "rms": rowwise.FACTS, "eltwise": rowwise.FACTS, "conv": conv.FACTS,
                            "dwconv": conv.FACTS, "attention": attention.FACTS,
                            "rope": attention.ROPE_FACTS, "swap12": attention.SWAP_FACTS,
-                           "slab": attention.SLAB_FACTS}
+                           "slab": attention.SLAB_FACTS, "irb": irb.FACTS}
 
 
 def facts(p) -> Facts:
