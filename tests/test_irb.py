@@ -139,3 +139,27 @@ def test_a_small_mobilenet_like_network_tuned_at_a_tiny_budget_runs_correctly(tm
     for xi in (x, torch.randn(1, 4, 12, 12)):
         want = m(xi).detach().numpy()
         assert np.abs(res.plan(xi.numpy())[0] - want).max() < 1e-4 * (1 + np.abs(want).max())
+
+
+def test_kernels_sharing_the_per_thread_scratch_leave_each_other_correct_padding(profile):
+    """Every inverted-residual kernel opened as a plan opens it takes the process's per-thread scratch: one whose
+    interior covers another's padding runs in between, and the other still reads zeros there."""
+    from planforge.targets.cpu.build import build
+    from planforge.targets.cpu.templates.parfor import open_library
+
+    small = Problem("irb", (1, 4, 4, 6, 24, 6, 3, 1), "relu6/relu6/add")
+    big = Problem("irb", (1, 9, 9, 5, 40, 7, 3, 1), "hardswish/relu6/none")
+    runs = []
+    for p in (small, big):
+        space = TEMPLATES["irb"].space(p, limits(profile))
+        for whole in (1, 0):
+            k = space.nearest_valid({**TEMPLATES["irb"].defaults(p, limits(profile)), "whole": whole, "threads": 1})
+            lib = open_library(build(TEMPLATES["irb"].source(p, k.as_dict())).path)
+            inp = make_inputs(p, 4)
+            out = np.empty(reference(p, inp).shape, np.float32)
+            runs.append((TEMPLATES["irb"].bind(lib, p, k.as_dict(), inp, out), out, reference(p, inp)))
+    for _ in range(2):
+        for run, out, want in runs + runs[::-1]:
+            out[:] = np.nan
+            run()
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)

@@ -212,7 +212,7 @@ def test_a_wake_step_wakes_the_shared_pools_sleeping_worker():
     lib.run.argtypes = [P, P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     pool = parfor._shared()[0]
     wake = wake_step()
-    assert wake.native == (parfor._shared()[3], 0)
+    assert wake.native == (parfor._shared()[-1], 0)
     used = {}
     pool.pf_pool_spin(2_000_000_000)
     try:

@@ -645,7 +645,8 @@ def _irb(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     rate = c.rate_est(vec)
     # FMA chains in flight and loads per FMA (two of each a cycle): broadcasts and weight vectors of the GEMM tiles;
     # the depthwise tile's input vectors, each loaded once per kernel row for the columns it covers
-    ilp1, ilp2, ilpd = (np.minimum(1.0, a / FMA_CHAINS) for a in (mr1 * nv1, mr2 * nv2, owb))
+    cbv = np.asarray(k["cbv"], dtype=np.int64) if "cbv" in k else np.ones(n, dtype=np.int64)
+    ilp1, ilp2, ilpd = (np.minimum(1.0, a / FMA_CHAINS) for a in (mr1 * nv1, mr2 * nv2, owb * cbv))
     ld1, ld2 = (mr1 + nv1) / (mr1 * nv1), (mr2 + nv2) / (mr2 * nv2)
     ldd = ((owb - 1) * S + K) / (owb * K)
     compute_pred = (f1 * np.maximum(1.0, ld1) / ilp1 + fd * np.maximum(1.0, ldd) / ilpd

@@ -74,11 +74,11 @@ def space(p, lim) -> Space:
               "map_bytes": 4 * g["E"] * ((g["H"] + 2 * g["P"]) * (g["W"] + 2 * g["P"]) + g["OH"] * g["OW"]),
               "l2_bytes": lim.caches["L2"]}
     knobs = [categorical("vec", _vecs(lim)), categorical("mr1", (2, 3, 4, 6, 8, 9)), categorical("nv1", (1, 2, 3, 4)),
-             categorical("owb", (1, 2, 4, 6)), categorical("mr2", (2, 3, 4, 6, 8, 9)), categorical("nv2", (1, 2, 3, 4)),
+             categorical("owb", (1, 2, 4, 6)), categorical("cbv", (1, 2)), categorical("mr2", (2, 3, 4, 6, 8, 9)), categorical("nv2", (1, 2, 3, 4)),
              categorical("threads", tuple(range(1, lim.physical_cores + 1))), categorical("split", ("h", "e")),
              categorical("whole", (0, 1))]
     return Space(knobs, [
-        "mr1 * nv1 + nv1 + 1 <= vregs", "mr2 * nv2 + nv2 + 1 <= vregs", "kk + owb + 2 <= vregs or owb == 1",
+        "mr1 * nv1 + nv1 + 1 <= vregs", "mr2 * nv2 + nv2 + 1 <= vregs", "cbv * (kk + owb) + 2 <= vregs or (owb == 1 and cbv == 1)",
         "mr1 <= max(2, hw if whole else w)", "mr2 <= max(2, ohow if whole else ow)", "owb <= max(1, ow)",
         # the whole map (expanded, padded, and the depthwise output) in half the L2 of the threads sharing it; its
         # work split by channel groups
@@ -115,7 +115,7 @@ def defaults(p, lim) -> dict[str, Any]:
         return min(fits, key=lambda x: (-(-n // x) * x - n, -x))
 
     owb = max(x for x in (1, 2, 4) if x == 1 or (g["K"] ** 2 + x + 2 <= regs and x <= g["OW"]))
-    return {"vec": vec, "mr1": mr(g["H"] * g["W"] if whole else g["W"], nv1), "nv1": nv1, "owb": owb,
+    return {"vec": vec, "mr1": mr(g["H"] * g["W"] if whole else g["W"], nv1), "nv1": nv1, "owb": owb, "cbv": 1,
             "mr2": mr(g["OH"] * g["OW"] if whole else g["OW"], nv2), "nv2": nv2, "threads": threads, "split": split,
             "whole": whole}
 
@@ -194,91 +194,126 @@ static void expand_row(const float *xr, const float *w1, const float *b1, float 
 
 
 def _dw_c(knobs, g, act2: str, regs: int) -> str:
+    """``dw_row``: a depthwise output row of the item's channels, in tiles of ``owb`` columns x ``cbv`` channel
+    vectors (``cbv`` 2: twice the independent FMA chains of a tile; the channels past the last pair one vector at a
+    time), each tile's K*K weights in registers where they fit."""
     K, S, OW = g["K"], g["S"], g["OW"]
-    owb = knobs["owb"]
-    in_regs = K * K + owb + 2 <= regs
-    wdecl = " ".join(f"vf k{t} = vload(wd + (long){t} * EP + e0 + c);" for t in range(K * K)) if in_regs else ""
+    owb, cbv = knobs["owb"], knobs.get("cbv", 1)
 
-    def wk(t):
-        return f"k{t}" if in_regs else f"vload(wd + (long){t} * EP + e0 + c)"
+    def loop(nc: int) -> str:
+        in_regs = nc * (K * K + owb) + 2 <= regs
+        wdecl = " ".join(f"vf k{t}_{q} = vload(wd + (long){t} * EP + e0 + c + {q} * V);"
+                         for t in range(K * K) for q in range(nc)) if in_regs else ""
 
-    def tile(nw: int) -> str:
-        lines = [" ".join(f"vf a{i} = bias;" for i in range(nw))]
-        for kh in range(K):
-            lines.append(f"{{ const float *r = rp[{kh}] + (long)ow0 * S * ECS + c;")
-            for j in range((nw - 1) * S + K):
-                uses = [(i, j - i * S) for i in range(nw) if 0 <= j - i * S < K]
-                if uses:
-                    lines.append(f"  {{ vf xv = vload(r + (long){j} * ECS); "
-                                 + " ".join(f"a{i} = xv * {wk(kh * K + kw)} + a{i};" for i, kw in uses) + " }")
-            lines.append("}")
-        lines.append(" ".join(f"{{ vf v = a{i}; {_act(act2)} vstore(drow + (long)(ow0 + {i}) * ECS + c, v); }}"
-                              for i in range(nw)))
-        return "\n            ".join(lines)
+        def wk(t, q):
+            return f"k{t}_{q}" if in_regs else f"vload(wd + (long){t} * EP + e0 + c + {q} * V)"
 
-    tail = OW % owb
-    return f"""
-static void dw_row(const float *const *rp, const float *wd, const float *bd, float *drow, int e0, int ec) {{
-    for (int c = 0; c < ec; c += V) {{
+        def tile(nw: int) -> str:
+            lines = [" ".join(f"vf a{i}_{q} = bias{q};" for i in range(nw) for q in range(nc))]
+            for kh in range(K):
+                lines.append(f"{{ const float *r = rp[{kh}] + (long)ow0 * S * ECS + c;")
+                for j in range((nw - 1) * S + K):
+                    uses = [(i, j - i * S) for i in range(nw) if 0 <= j - i * S < K]
+                    for q in range(nc):
+                        if uses:
+                            lines.append(f"  {{ vf xv = vload(r + (long){j} * ECS + {q} * V); "
+                                         + " ".join(f"a{i}_{q} = xv * {wk(kh * K + kw, q)} + a{i}_{q};"
+                                                    for i, kw in uses) + " }")
+                lines.append("}")
+            lines.append(" ".join(f"{{ vf v = a{i}_{q}; {_act(act2)} vstore(drow + (long)(ow0 + {i}) * ECS + c + "
+                                  f"{q} * V, v); }}" for i in range(nw) for q in range(nc)))
+            return "\n            ".join(lines)
+
+        tail = OW % owb
+        bias = " ".join(f"const vf bias{q} = vload(bd + e0 + c + {q} * V);" for q in range(nc))
+        return f"""for (; c + {nc} * V <= ec; c += {nc} * V) {{
         {wdecl}
-        const vf bias = vload(bd + e0 + c);
+        {bias}
         int ow0 = 0;
         for (; ow0 + {owb} <= OW; ow0 += {owb}) {{
             {tile(owb)}
         }}
         {"{ " + tile(tail) + " }" if tail else "(void)ow0;"}
-    }}
+    }}"""
+
+    return f"""
+static void dw_row(const float *const *rp, const float *wd, const float *bd, float *drow, int e0, int ec) {{
+    int c = 0;
+    {loop(cbv)}
+    {loop(1) if cbv > 1 else ""}
 }}
 """
 
 
 def _proj_c(knobs, g, res: bool) -> str:
-    mr, nv = knobs["mr2"], knobs["nv2"]
+    """``proj_row`` (the output, with the bias and the residual) and ``proj_part`` (a channel group's partial sums,
+    rows of OP): tiles of ``mr2`` pixels x ``nv2`` vectors over the item's expanded channels. The full blocks of
+    output channels in a loop, then the block past the last full one with its lane counts known when compiled: its
+    vectors past O left out, a partial one stored (and its residual loaded) by a fixed-size copy, so that no
+    accumulator is indexed by a run-time lane (which kept every accumulator of the tile in memory)."""
+    mr, nv, V = knobs["mr2"], knobs["nv2"], knobs["vec"]
+    O, nb2 = g["O"], knobs["nv2"] * knobs["vec"]
+    full, rest = O // nb2, O % nb2
 
-    def tile(nw: int, first: bool) -> str:
-        if first:
-            init = []
-            for i in range(nw):
-                for j in range(nv):
-                    r = (f"rv = nl >= V ? vload(xres + (long)(ow0 + {i}) * C + o) : vset(0.0f); if (nl < V) "
-                         f"for (int l = 0; l < nl; l++) rv[l] = xres[(long)(ow0 + {i}) * C + o + l];") if res else ""
-                    init.append(f"vf a{i}_{j}; {{ const int o = o0 + {j} * V, nl = O - o; (void)nl; vf rv = vset(0.0f); "
-                                f"{r} a{i}_{j} = vload(b2 + o) + rv; }}")
-            init = " ".join(init)
-        else:
-            init = " ".join(f"vf a{i}_{j} = vset(0.0f);" for i in range(nw) for j in range(nv))
-        loads = " ".join(f"vf w{j} = vload(wb + (long)k * NB2 + {j} * V);" for j in range(nv))
+    def tile(nw: int, first: bool, lanes: list[int]) -> str:
+        js = [j for j, nl in enumerate(lanes) if nl > 0]
+        init = []
+        for i in range(nw):
+            for j in js:
+                if first:
+                    o = f"o0 + {j} * V"
+                    if res and lanes[j] == V:
+                        r = f" + vload(xres + (long)(ow0 + {i}) * C + {o})"
+                    elif res:
+                        r = f" + rv"
+                        init.append(f"vf rv{i}_{j} = vset(0.0f); memcpy(&rv{i}_{j}, xres + (long)(ow0 + {i}) * C + {o}, "
+                                    f"{lanes[j]} * sizeof(float));")
+                        r = f" + rv{i}_{j}"
+                    else:
+                        r = ""
+                    init.append(f"vf a{i}_{j} = vload(b2 + {o}){r};")
+                else:
+                    init.append(f"vf a{i}_{j} = vset(0.0f);")
+        loads = " ".join(f"vf w{j} = vload(wb + (long)k * NB2 + {j} * V);" for j in js)
         fmas = " ".join(f"{{ vf xv = vset(drow[(long)(ow0 + {i}) * ECS + k]); "
-                        + " ".join(f"a{i}_{j} = xv * w{j} + a{i}_{j};" for j in range(nv)) + " }" for i in range(nw))
-        if first:
-            st = " ".join(f"{{ const int o = o0 + {j} * V, nl = O - o; float *yp = yrow + (long)(ow0 + {i}) * O + o; "
-                          f"if (nl >= V) vstore(yp, a{i}_{j}); else for (int l = 0; l < nl; l++) yp[l] = a{i}_{j}[l]; }}"
-                          for i in range(nw) for j in range(nv))
-        else:
-            st = " ".join(f"vstore(yrow + (long)(ow0 + {i}) * OP + o0 + {j} * V, a{i}_{j});"
-                          for i in range(nw) for j in range(nv))
-        return f"""{init}
+                        + " ".join(f"a{i}_{j} = xv * w{j} + a{i}_{j};" for j in js) + " }" for i in range(nw))
+        st = []
+        for i in range(nw):
+            for j in js:
+                if not first:
+                    st.append(f"vstore(yrow + (long)(ow0 + {i}) * OP + o0 + {j} * V, a{i}_{j});")
+                elif lanes[j] == V:
+                    st.append(f"vstore(yrow + (long)(ow0 + {i}) * O + o0 + {j} * V, a{i}_{j});")
+                else:
+                    st.append(f"memcpy(yrow + (long)(ow0 + {i}) * O + o0 + {j} * V, &a{i}_{j}, {lanes[j]} * sizeof(float));")
+        return f"""{" ".join(init)}
             #pragma GCC unroll 2
             for (int k = 0; k < ec; k++) {{ {loads} {fmas} }}
-            {st}"""
+            {" ".join(st)}"""
 
     npx = g["OH"] * g["OW"] if knobs.get("whole", 0) else g["OW"]
     tail = npx % mr
+
+    def block(first: bool, lanes: list[int]) -> str:
+        return f"""const float *wb = w2 + ((long)ob * EP + e0) * NB2;
+        const int o0 = ob * NB2;
+        int ow0 = 0;
+        for (; ow0 + {mr} <= {npx}; ow0 += {mr}) {{
+            {tile(mr, first, lanes)}
+        }}
+        {"{ " + tile(tail, first, lanes) + " }" if tail else "(void)ow0;"}"""
+
     out = []
+    last = [max(0, min(V, rest - j * V)) for j in range(nv)]
     for first in (True, False):
         name = "proj_row" if first else "proj_part"
         out.append(f"""
 static void {name}(const float *drow, const float *w2, const float *b2, const float *xres, float *yrow, int e0, int ec) {{
     (void)b2; (void)xres;
-    for (int ob = 0; ob < NBLK2; ob++) {{
-        const float *wb = w2 + ((long)ob * EP + e0) * NB2;
-        const int o0 = ob * NB2;
-        int ow0 = 0;
-        for (; ow0 + {mr} <= {npx}; ow0 += {mr}) {{
-            {tile(mr, first)}
-        }}
-        {"{ " + tile(tail, first) + " }" if tail else "(void)ow0;"}
+    for (int ob = 0; ob < {full}; ob++) {{
+        {block(first, [V] * nv)}
     }}
+    {"{ const int ob = " + str(full) + "; " + block(first, last) + " }" if rest else ""}
 }}
 """)
     return "".join(out)
@@ -287,8 +322,6 @@ static void {name}(const float *drow, const float *w2, const float *b2, const fl
 _MAIN = r"""
 typedef struct { const float *x, *w1, *b1, *wd, *bd, *w2, *b2; float *y, *part; int threads; } irb_args;
 
-static __thread float *irb_buf;
-static __thread size_t irb_cap;
 #define WP2 (W + 2 * P)
 #define RING_ROW ((size_t)WP2 * ECS)
 #if WHOLE
@@ -298,15 +331,38 @@ static __thread size_t irb_cap;
 #endif
 
 /* the thread's expanded rows (a ring of K and a row of zeros for the padding rows; or the whole padded map) and the
-   depthwise output: zeroed when allocated, after which nothing writes the padding */
+   depthwise output: the process's per-thread scratch, which the plan's other kernels use too (``pf_use_scratch``),
+   else one of this library's own */
+static float *(*irb_shared)(size_t);
+__attribute__((visibility("default"))) void pf_use_scratch(void *fn) { irb_shared = (float *(*)(size_t))fn; }
+static __thread float *irb_buf;
+static __thread size_t irb_cap;
 static float *irb_scratch(void) {
+    if (irb_shared) return irb_shared(BUF_FLOATS);
     if (irb_cap < BUF_FLOATS) {
         free(irb_buf);
         irb_buf = aligned_alloc(64, ((BUF_FLOATS * sizeof(float) + 63) / 64) * 64);
         irb_cap = irb_buf ? BUF_FLOATS : 0;
-        if (irb_buf) memset(irb_buf, 0, BUF_FLOATS * sizeof(float));
     }
     return irb_buf;
+}
+
+/* zeros where the depthwise window reads the padding: the row of zeros and each ring row's padding columns; or the
+   whole map's border (the scratch is shared, so every call writes them) */
+static void irb_zero_pads(float *buf, int ec) {
+    const size_t px = ECS, n = sizeof(float) * ec;
+#if WHOLE
+    for (int r = 0; r < H + 2 * P; r++)
+        for (int c = 0; c < WP2; c++)
+            if (r < P || r >= H + P || c < P || c >= W + P) memset(buf + ((size_t)r * WP2 + c) * px, 0, n);
+#else
+    for (int c = 0; c < WP2; c++) memset(buf + (size_t)K * RING_ROW + (size_t)c * px, 0, n);
+    for (int r = 0; r < K; r++)
+        for (int c = 0; c < P; c++) {
+            memset(buf + (size_t)r * RING_ROW + (size_t)c * px, 0, n);
+            memset(buf + (size_t)r * RING_ROW + (size_t)(W + P + c) * px, 0, n);
+        }
+#endif
 }
 
 typedef struct { const irb_args *a; } irb_ctx;
@@ -319,6 +375,7 @@ static void irb_items(const void *cx, int lo, int hi) {
         const int g = SPLIT_E ? it : 0;
         const int blo = SPLIT_E ? g * NBLK1 / ITEMS : 0, bhi = SPLIT_E ? (g + 1) * NBLK1 / ITEMS : NBLK1;
         const int e0 = blo * NB1, ec = (bhi - blo) * NB1;
+        irb_zero_pads(buf, ec);
         for (int n = 0; n < N; n++) {
             const float *xn = a->x + (long)n * H * W * C;
 #if WHOLE  /* the whole map expanded, then every depthwise row, then the projection of every pixel */

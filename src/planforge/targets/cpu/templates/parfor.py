@@ -265,6 +265,21 @@ __attribute__((visibility("default"))) void pf_pool_parfor(int n, int threads, p
 
 __attribute__((visibility("default"))) void pf_pool_spin(long ns) { pf_spin_ns = ns; }
 
+/* one scratch buffer per thread for every kernel that takes it (``pf_use_scratch``, ``open_library``): kernels of
+   a plan run one after another, so that a call touches one kernel's worth of scratch, warm in the caches, not a
+   buffer per kernel (MobileNetV2's inverted-residual kernels held 2 MB between them, beside 14 MB of weights the
+   L3 keeps only in part between calls); a kernel must not expect it to keep anything between its calls */
+static __thread float *pf_sbuf;
+static __thread size_t pf_scap;
+__attribute__((visibility("default"))) float *pf_pool_scratch(size_t floats) {
+    if (pf_scap < floats) {
+        free(pf_sbuf);
+        pf_sbuf = aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64);
+        pf_scap = pf_sbuf ? floats : 0;
+    }
+    return pf_sbuf;
+}
+
 /* a chain of steps calls this where a part begins: workers asleep wake now (their spin starts again), not at
    the part's first parallel loop, which would otherwise run alone for the tens of microseconds a wake takes */
 __attribute__((visibility("default"))) void pf_pool_wake(void *unused) {
@@ -282,7 +297,8 @@ __attribute__((visibility("default"))) void pf_pool_hush(void) {
 
 DEFAULT_SPIN_US = 200
 _lock = threading.Lock()
-_pool: list = []  # [(library, address of pf_pool_parfor, of pf_pool_hush)]: a forked child keeps it (its workers restart)
+_pool: list = []  # [(library, address of pf_pool_parfor, of pf_pool_hush, ...)]: a forked child keeps it (its workers
+# restart)
 
 
 class PoolError(ValueError):
@@ -304,8 +320,8 @@ def spin_us() -> int:
 
 
 def _shared() -> tuple:
-    """This process's shared pool: (its library, the address of ``pf_pool_parfor``, of ``pf_pool_hush``),
-    built and loaded at the first call."""
+    """This process's shared pool: (its library, the address of ``pf_pool_parfor``, of ``pf_pool_hush``, of
+    ``pf_pool_scratch``, of ``pf_pool_wake``), built and loaded at the first call."""
     with _lock:
         if not _pool:
             from ..build import build
@@ -315,6 +331,7 @@ def _shared() -> tuple:
             lib.pf_pool_spin(spin_us() * 1000)
             _pool.append((lib, *(ctypes.cast(f, ctypes.c_void_p).value for f in (lib.pf_pool_parfor,
                                                                                   lib.pf_pool_hush,
+                                                                                  lib.pf_pool_scratch,
                                                                                   lib.pf_pool_wake))))
         return _pool[0]
 
@@ -340,9 +357,9 @@ def wake_step() -> Callable[[], None]:
 def open_library(path: str | Path) -> ctypes.CDLL:
     """``ctypes.CDLL(path)``, its parallel loops (if it has ``pf_use_pool``) put on the process's shared pool;
     a library with a pinned pool of its own (``pf_use_hush``, ``pool.py``) hushes the shared pool's spinning
-    workers before each of its calls."""
+    workers before each of its calls; one that takes the shared per-thread scratch (``pf_use_scratch``) gets it."""
     lib = ctypes.CDLL(str(path))
-    for name, addr in (("pf_use_pool", 1), ("pf_use_hush", 2)):
+    for name, addr in (("pf_use_pool", 1), ("pf_use_hush", 2), ("pf_use_scratch", 3)):
         try:
             use = getattr(lib, name)
         except AttributeError:
