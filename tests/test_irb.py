@@ -163,3 +163,33 @@ def test_kernels_sharing_the_per_thread_scratch_leave_each_other_correct_padding
             out[:] = np.nan
             run()
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_block_without_expansion_reads_no_stale_scratch_past_its_channels(profile):
+    """A block without expansion copies its input's channels into the scratch; its last block of channels runs past
+    them (40 channels in blocks of 48, or of 24), and those lanes are zeroed, not left as the shared scratch held them: a NaN
+    left there by another kernel, times a zero weight, would be NaN."""
+    import ctypes
+
+    from planforge.targets.cpu.build import build
+    from planforge.targets.cpu.templates import parfor
+    from planforge.targets.cpu.templates.parfor import open_library
+
+    p = Problem("irb", (1, 5, 6, 40, 40, 8, 3, 1), "copy/hardswish/none")  # relu6 would turn a NaN into 0
+    space = TEMPLATES["irb"].space(p, limits(profile))
+    inp = make_inputs(p, 6)
+    want = reference(p, inp)
+    pool = parfor._shared()[0]
+    pool.pf_pool_scratch.restype = ctypes.c_void_p
+    pool.pf_pool_scratch.argtypes = [ctypes.c_size_t]
+    for whole in (0, 1):
+        k = space.nearest_valid({**TEMPLATES["irb"].defaults(p, limits(profile)), "nv1": 3, "whole": whole,
+                                 "threads": 1})
+        assert k is not None and k["whole"] == whole and 40 % (k["nv1"] * k["vec"])
+        lib = open_library(build(TEMPLATES["irb"].source(p, k.as_dict())).path)
+        out = np.empty(want.shape, np.float32)
+        run = TEMPLATES["irb"].bind(lib, p, k.as_dict(), inp, out)
+        n = 1 << 16
+        np.ctypeslib.as_array((ctypes.c_float * n).from_address(pool.pf_pool_scratch(n)))[:] = np.nan
+        run()
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)

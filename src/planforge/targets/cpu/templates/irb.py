@@ -172,8 +172,12 @@ def _expand_c(knobs, g, act1: str) -> str:
         return f"""
 static void expand_row(const float *xr, const float *w1, const float *b1, float *dst, int blo, int bhi) {{
     (void)w1; (void)b1;
-    const int e0 = blo * NB1, e1 = bhi * NB1 < E ? bhi * NB1 : E;
-    for (int p = 0; p < {npx}; p++) memcpy(dst + {at} * ECS, xr + (long)p * C + e0, sizeof(float) * (e1 - e0));
+    const int e0 = blo * NB1, e1 = bhi * NB1 < E ? bhi * NB1 : E, ec = (bhi - blo) * NB1;
+    for (int p = 0; p < {npx}; p++) {{
+        memcpy(dst + {at} * ECS, xr + (long)p * C + e0, sizeof(float) * (e1 - e0));
+        /* the block's channels past E: zeros, not what the shared scratch held (a NaN there times a zero weight) */
+        if (ec > e1 - e0) memset(dst + {at} * ECS + (e1 - e0), 0, sizeof(float) * (ec - (e1 - e0)));
+    }}
 }}
 """
     mr, nv = knobs["mr1"], knobs["nv1"]
