@@ -651,3 +651,14 @@ def test_a_partitioned_mobilenet_like_cnn_runs_nhwc_from_its_input_to_its_classi
     want2 = m(x2).detach().numpy()
     assert np.abs(res.plan(x2.numpy())[0] - want2).max() < 1e-4 * (1 + np.abs(want2).max())
     assert np.abs(res.plan(x.numpy())[0] - want).max() < 1e-4 * (1 + np.abs(want).max())
+    # and a loaded plan's call is that one compiled call with no Python frame before it (``ChainPlan.lean``),
+    # anything but the tuned array going the checked Python way
+    from planforge.api import PlanMismatch
+    from planforge.targets.cpu import fastcall
+
+    if fastcall.unavailable() is None:
+        loaded = planforge.load(tmp_path / "t" / "spec.json", graph=g)
+        assert type(loaded).__call__.__class__.__name__ == "Bound"
+        assert np.abs(loaded(x2.numpy())[0] - want2).max() < 1e-4 * (1 + np.abs(want2).max())
+        with pytest.raises(PlanMismatch, match="tuned for"):
+            loaded(np.zeros((1, 3, 15, 16), np.float32))
