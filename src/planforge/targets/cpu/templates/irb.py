@@ -1,12 +1,14 @@
 """The inverted-residual block template (``Problem("irb", (N, H, W, C, E, O, K, S), "act1/act2/res")``), NHWC, fp32.
 
 One kernel for ``y = dw(act1(x @ w1 + b1)) @ w2 + b2 (+ x)``, the depthwise convolution (KxK, stride S, padding
-K // 2) followed by its activation ``act2``. Each work item (one per thread) keeps a ring of K expanded input rows
-(``E`` channels, zero columns either side for the padding) in a scratch of its thread: for each of its output rows
-it expands the input rows the depthwise window newly reaches (one at stride 1, two at stride 2) into the ring, runs
-the depthwise row into a row buffer and projects that row into the output. The expanded tensor never leaves the
-core's caches: as three kernels it is written out and read back (MobileNetV2 at 96x96: 0.9 MB at 48x48), and each
-step reads what the other core wrote.
+K // 2) followed by its activation ``act2``. Each work item keeps, in its thread's scratch, a ring of K expanded
+input rows (``E`` channels, zero columns either side for the padding): for each of its output rows it expands the
+input rows the depthwise window newly reaches (one at stride 1, two at stride 2) into the ring, runs the depthwise
+row into a row buffer and projects that row into the output. With ``whole`` (small maps, a few rows of deep
+channels, where the weights are most of the time) it expands the whole map into a padded map at once, then runs
+every depthwise row, then projects every pixel: each weight is read once a call, not once per row. The expanded
+tensor never leaves the core's caches: as three kernels it is written out and read back (MobileNetV2 at 96x96:
+0.9 MB at 48x48), and each step reads what the other core wrote.
 
 Work items (``split``): ``h``, bands of output rows (a band expands the rows its window needs, so the rows at a
 band's edge are expanded by both: one or two rows in a band of many at 48x48, a third of the expansion at 6x6); or
@@ -15,12 +17,14 @@ projection then a partial sum over the group's channels: group 0 writes the outp
 the others a partial buffer each, added into the output by a second parallel loop). No work is done twice.
 
 Register tiles: the expansion ``mr1`` pixels x ``nv1`` vectors of expanded channels (over the C input channels),
-the depthwise ``owb`` output columns x one channel vector (its K*K weights in registers, each input vector loaded
-once per tile row), the projection ``mr2`` pixels x ``nv2`` vectors of output channels (over the item's expanded
-channels). Weights are packed at load time in the order the tiles read them: the expansion [blocks of nv1 * vec
-channels][C][nv1 * vec], the depthwise [K*K][E] (its scale folded in), the projection [blocks of nv2 * vec
-channels][E][nv2 * vec], channels padded with zeros (a padded expanded channel's projection weights are zero, so it
-adds nothing whatever its activation makes of zero).
+the depthwise ``owb`` output columns x ``cbv`` channel vectors (its K*K weights in registers where they fit, each
+input vector loaded once per tile row), the projection ``mr2`` pixels x ``nv2`` vectors of output channels (over the
+item's expanded channels; its last block compiled with its lane counts). Weights are packed at load time in the
+order the tiles read them: the expansion [blocks of nv1 * vec channels][C][nv1 * vec], the depthwise [K*K][E] (its
+scale folded in), the projection [blocks of nv2 * vec channels][E][nv2 * vec], channels padded with zeros (a padded
+expanded channel's projection weights are zero, so it adds nothing whatever its activation makes of zero). The
+scratch is the process's per-thread buffer, shared by every such kernel of a plan (``pf_use_scratch``): each call
+writes the zero padding it reads.
 """
 from __future__ import annotations
 
