@@ -387,21 +387,14 @@ class Plan:
         steps = self.steps
         if view is None or res is None or not steps or any(res is c for c in self.constants.values()):
             return None
-        from .fastcall import bound, chain
+        from .fastcall import bound
 
         fallback = fallback or self.single(lean=False)
         entry = getattr(steps[0], "entry", None) if len(steps) == 1 else None
         # the one step must read the input slot and write the output slot, or skipping them would skip data
         if entry is not None and entry[3:] == (view.ctypes.data, res.ctypes.data):
             return bound(entry[0], entry[1], view.shape, res.shape, fallback, entry[2])
-        natives = [getattr(f, "native", None) for f in steps]
-        if None in natives or not (view.flags.c_contiguous and res.flags.c_contiguous):
-            return None
-        try:
-            fn, handle, owner = chain(natives, view, res, (steps, self))
-        except Exception:  # noqa: BLE001 - no compiler for the runner here: the Python path stays
-            return None
-        return bound(fn, handle, view.shape, res.shape, fallback, owner)
+        return compiled_call(view, steps, res, fallback, self)
 
     @property
     def peak_bytes(self) -> int:
@@ -445,6 +438,23 @@ def rebind(program: list[dict], names: dict[str, str]) -> list[dict]:
             s = {**s, "args": [names[s["args"][0]], *s["args"][1:]]}
         out.append(s)
     return out
+
+
+def compiled_call(view: np.ndarray, steps: list, res: np.ndarray, fallback: Callable, owner) -> Callable | None:
+    """``steps`` (each native) as one compiled call ``f(x, *, out=None)`` (``fastcall``'s chain runner): ``x`` copied
+    into ``view``, the steps run, ``res`` copied into ``out`` (a fresh array by default); other arguments go to
+    ``fallback``. None when a step is not native, a slot is not C-contiguous, or the runner does not build here.
+    ``owner`` (the plan) is kept alive with the call."""
+    from .fastcall import bound, chain
+
+    natives = [getattr(f, "native", None) for f in steps]
+    if not natives or None in natives or not (view.flags.c_contiguous and res.flags.c_contiguous):
+        return None
+    try:
+        fn, handle, keep = chain(natives, view, res, (steps, owner))
+    except Exception:  # noqa: BLE001 - no compiler for the runner here: the Python path stays
+        return None
+    return bound(fn, handle, view.shape, res.shape, fallback, keep)
 
 
 class ChainPlan:
@@ -534,17 +544,7 @@ class ChainPlan:
         if self._flat is None:
             return None
         view, steps, res = self._flat
-        natives = [getattr(f, "native", None) for f in steps]
-        if not natives or None in natives or not (view.flags.c_contiguous and res.flags.c_contiguous):
-            return None
-        from .fastcall import bound, chain
-
-        fallback = fallback or self.single()
-        try:
-            fn, handle, owner = chain(natives, view, res, (steps, self))
-        except Exception:  # noqa: BLE001 - no compiler for the runner here: the Python path stays
-            return None
-        return bound(fn, handle, view.shape, res.shape, fallback, owner)
+        return compiled_call(view, steps, res, fallback or self.single(), self)
 
     @property
     def peak_bytes(self) -> int:
