@@ -167,8 +167,8 @@ def test_kernels_sharing_the_per_thread_scratch_leave_each_other_correct_padding
 
 def test_a_block_without_expansion_reads_no_stale_scratch_past_its_channels(profile):
     """A block without expansion copies its input's channels into the scratch; its last block of channels runs past
-    them (40 channels in blocks of 48, or of 24), and those lanes are zeroed, not left as the shared scratch held them: a NaN
-    left there by another kernel, times a zero weight, would be NaN."""
+    them (40 channels in blocks of 48, or of 24), and those lanes are zeroed, not left as the shared scratch held
+    them: a NaN left there by another kernel, times a zero weight, would be NaN."""
     import ctypes
 
     from planforge.targets.cpu.build import build

@@ -661,7 +661,8 @@ def _irb(m: AnalyticModel, k: Mapping[str, np.ndarray]) -> Estimate:
     # the item's weights: once with the whole map; through the ring, the expansion's per input row and the
     # projection's per output row after the first, from where the item's share fits
     w_item = F32 * (C * ec * expand + ec * op)
-    again = np.where(whole, 0.0, F32 * (np.maximum(0, rows_in - 1) * C * ec * expand + np.maximum(0, rows - 1) * ec * op))
+    again = np.where(whole, 0.0, F32 * (np.maximum(0, rows_in - 1) * C * ec * expand
+                                        + np.maximum(0, rows - 1) * ec * op))
     _add(traffic, c.home(w_item, T, per_thread=True), N * again)
     # the expanded rows (written once, read by the depthwise tiles K times) and the depthwise output
     buf = F32 * ec * np.where(whole, (H + 2 * P) * (W + 2 * P) + OH * OW, (K + 1) * (W + 2 * P) + OW)

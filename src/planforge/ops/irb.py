@@ -49,7 +49,8 @@ def dims(x, pack_len: int, attr: str) -> tuple[int, ...]:
     g = geom_attrs(dwa)
     (kh, kw), (sh, sw), pads, (dh, dw_), E = g["kernel"], g["stride"], g["pads"], g["dilation"], g["groups"]
     need(kh == kw and kh % 2 == 1 and tuple(pads) == (kh // 2,) * 4 and (dh, dw_) == (1, 1) and sh == sw
-         and sh in (1, 2), f"irb_nhwc runs square odd depthwise kernels padded K//2, undilated, stride 1 or 2; got {dwa}")
+         and sh in (1, 2),
+         f"irb_nhwc runs square odd depthwise kernels padded K//2, undilated, stride 1 or 2; got {dwa}")
     N, H, W, C = x
     expand = act1 != COPY
     need(expand or C == E, f"a block without expansion keeps its {C} channels, got {E} depthwise groups")

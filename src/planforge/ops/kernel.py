@@ -164,9 +164,9 @@ class Problem:
             N, C, H, W, O, KH, KW = self.dims[:7]
             return C // self.dims[15] * KH * KW
         if self.op == "attention":
-            return self.dims[3] + self.dims[4]
+            return self.dims[3] + self.dims[4]        # a softmax over T keys of dot products of length D
         if self.op == "irb":
-            return self.dims[3] + self.dims[6] ** 2 + self.dims[4]  # three sums, one after the other        # a softmax over T keys of dot products of length D
+            return self.dims[3] + self.dims[6] ** 2 + self.dims[4]  # three sums, one after the other
         return self.dims[2] if self.op == "gemm" else self.dims[1]
 
 

@@ -1033,7 +1033,8 @@ def _bandwidths(lib: ctypes.CDLL, hw: Hardware, threads: int, effort: _Effort, n
         # Zen 4's L2 at 118 GB/s and its L3 at 187, then 250 and 190 a minute later)
         for hi, lo in zip(measured, measured[1:]):
             for _ in range(REMEASURE):
-                if lo == "DRAM" or all(out[hi].get("read", 0.0) >= out[lo].get("read", 0.0) for out in (out_all, out_1t)):
+                if lo == "DRAM" or all(out[hi].get("read", 0.0) >= out[lo].get("read", 0.0)
+                                       for out in (out_all, out_1t)):
                     break
                 measure_level(hi, again=True)
     finally:

@@ -41,6 +41,7 @@ from ....ops.irb import unpack
 from ....ops.kernel import activations, irb_epilogue
 from ....space import Space, categorical
 from .common import header, struct_call
+from .conv import _vecs
 from .epilogues import U32
 from .facts import Facts
 from .parfor import PARFOR_C
@@ -61,10 +62,6 @@ def geometry(p) -> dict[str, int]:
                 OW=(W + 2 * P - K) // S + 1)
 
 
-def _vecs(lim) -> tuple[int, ...]:
-    return tuple(v for v in (4, 8, 16) if v <= lim.vector_lanes) or (1,)
-
-
 def _macs(g) -> int:
     return g["N"] * (g["H"] * g["W"] * g["C"] * g["E"] + g["OH"] * g["OW"] * g["E"] * (g["K"] ** 2 + g["O"]))
 
@@ -78,11 +75,13 @@ def space(p, lim) -> Space:
               "map_bytes": 4 * g["E"] * ((g["H"] + 2 * g["P"]) * (g["W"] + 2 * g["P"]) + g["OH"] * g["OW"]),
               "l2_bytes": lim.caches["L2"]}
     knobs = [categorical("vec", _vecs(lim)), categorical("mr1", (2, 3, 4, 6, 8, 9)), categorical("nv1", (1, 2, 3, 4)),
-             categorical("owb", (1, 2, 4, 6)), categorical("cbv", (1, 2)), categorical("mr2", (2, 3, 4, 6, 8, 9)), categorical("nv2", (1, 2, 3, 4)),
+             categorical("owb", (1, 2, 4, 6)), categorical("cbv", (1, 2)), categorical("mr2", (2, 3, 4, 6, 8, 9)),
+             categorical("nv2", (1, 2, 3, 4)),
              categorical("threads", tuple(range(1, lim.physical_cores + 1))), categorical("split", ("h", "e")),
              categorical("whole", (0, 1))]
     return Space(knobs, [
-        "mr1 * nv1 + nv1 + 1 <= vregs", "mr2 * nv2 + nv2 + 1 <= vregs", "cbv * (kk + owb) + 2 <= vregs or (owb == 1 and cbv == 1)",
+        "mr1 * nv1 + nv1 + 1 <= vregs", "mr2 * nv2 + nv2 + 1 <= vregs",
+        "cbv * (kk + owb) + 2 <= vregs or (owb == 1 and cbv == 1)",
         "mr1 <= max(2, hw if whole else w)", "mr2 <= max(2, ohow if whole else ow)", "owb <= max(1, ow)",
         # the whole map (expanded, padded, and the depthwise output) in half the L2 of the threads sharing it; its
         # work split by channel groups
@@ -273,9 +272,8 @@ def _proj_c(knobs, g, res: bool) -> str:
                     if res and lanes[j] == V:
                         r = f" + vload(xres + (long)(ow0 + {i}) * C + {o})"
                     elif res:
-                        r = f" + rv"
-                        init.append(f"vf rv{i}_{j} = vset(0.0f); memcpy(&rv{i}_{j}, xres + (long)(ow0 + {i}) * C + {o}, "
-                                    f"{lanes[j]} * sizeof(float));")
+                        init.append(f"vf rv{i}_{j} = vset(0.0f); memcpy(&rv{i}_{j}, xres + (long)(ow0 + {i}) * C "
+                                    f"+ {o}, {lanes[j]} * sizeof(float));")
                         r = f" + rv{i}_{j}"
                     else:
                         r = ""
@@ -293,7 +291,8 @@ def _proj_c(knobs, g, res: bool) -> str:
                 elif lanes[j] == V:
                     st.append(f"vstore(yrow + (long)(ow0 + {i}) * O + o0 + {j} * V, a{i}_{j});")
                 else:
-                    st.append(f"memcpy(yrow + (long)(ow0 + {i}) * O + o0 + {j} * V, &a{i}_{j}, {lanes[j]} * sizeof(float));")
+                    st.append(f"memcpy(yrow + (long)(ow0 + {i}) * O + o0 + {j} * V, &a{i}_{j}, "
+                              f"{lanes[j]} * sizeof(float));")
         return f"""{" ".join(init)}
             #pragma GCC unroll 2
             for (int k = 0; k < ec; k++) {{ {loads} {fmas} }}
@@ -316,7 +315,8 @@ def _proj_c(knobs, g, res: bool) -> str:
     for first in (True, False):
         name = "proj_row" if first else "proj_part"
         out.append(f"""
-static void {name}(const float *drow, const float *w2, const float *b2, const float *xres, float *yrow, int e0, int ec) {{
+static void {name}(const float *drow, const float *w2, const float *b2, const float *xres, float *yrow, int e0,
+                   int ec) {{
     (void)b2; (void)xres;
     for (int ob = 0; ob < {full}; ob++) {{
         {block(first, [V] * nv)}
