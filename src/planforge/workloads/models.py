@@ -266,14 +266,17 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
     orders = _order_choices(graph, eg, names, limits, costs, allowed)
     release_egraphs()  # the fixed orders' e-graphs, before the kernel measurements start threads
     t5 = time.perf_counter()
-    # then the greedy extraction and each fixed order's, cheapest first at their kernels' prices: each template
-    # step at what its kernel's model predicts for the setting a seed runs, where the roofline prices every template
-    # of one op alike (an NCHW convolution and an NHWC one between transposes, whose kernels differ by 1.5x). A small
-    # budget measures only the first of them (``Task.lead_seeds``). (The extractions themselves keep the roofline
-    # prices: priced by the kernels' models, whose scale is not the library steps' roofline, the ILP chose numpy
-    # steps and unfused epilogues that ran 2-4x slower on ResNet-18 and MobileNetV2.) Before the seeds are made,
-    # the kernels of the ILP's plan and of the next cheapest have their first settings measured and reordered
-    # fastest first (``workloads.measured``), which also makes those prices measured ones.
+    # the extractions (the ILP's, the greedy one, each fixed order's) are ranked at their kernels' prices: each
+    # template step at what its kernel's model predicts for the setting a seed runs, where the roofline prices every
+    # template of one op alike (an NCHW convolution and an NHWC one between transposes, whose kernels differ by
+    # 1.5x). A small budget measures only the first of them (``Task.lead_seeds``). (The extractions themselves keep
+    # the roofline prices: priced by the kernels' models, whose scale is not the library steps' roofline, the ILP
+    # chose numpy steps and unfused epilogues that ran 2-4x slower on ResNet-18 and MobileNetV2.) Before the seeds
+    # are made, the kernels of the cheapest extraction and of the next cheapest then have their first settings
+    # measured and reordered fastest first (``workloads.measured``), which also makes those prices measured ones;
+    # the cheaper of those two at its measured price leads. (The ILP's plan led at any price until then: on the
+    # phase-ordering bench's tiny ResNet it is the all-NCHW plan, which ran 72 us where the NHWC ones ran 36-49,
+    # and took one of the six evaluations of a budget of six.) With no kernel measured, the ILP's plan leads.
     measured_info: dict[str, Any] = {}
     t_measure = 0.0
 
@@ -283,26 +286,34 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
         children = eg.node(nid).children
         return len(children) > 1 and children[1] in a.constant
 
-    def measure(choice) -> None:
+    def measure(choice) -> bool:
+        """Measure the first settings of ``choice``'s kernels; whether kernels are measured at all."""
         nonlocal t_measure
-        if measured is not None and measured.trials > 0:
-            t = time.perf_counter()
-            steps = genome.template_steps(genome.candidate_of(choice).as_dict())
-            measured_info.update(measure_first_settings(genome, target, {nid: k for nid, _, k in steps}, weight,
-                                                        measured, seed, constant=weight_is_constant,
-                                                        cold=cold_weights, ranker=ranker))
-            genome.remake_space()  # settings dropped: the knob genes index what is left
-            t_measure += time.perf_counter() - t
+        if measured is None or measured.trials <= 0:
+            return False
+        t = time.perf_counter()
+        steps = genome.template_steps(genome.candidate_of(choice).as_dict())
+        measured_info.update(measure_first_settings(genome, target, {nid: k for nid, _, k in steps}, weight,
+                                                    measured, seed, constant=weight_is_constant,
+                                                    cold=cold_weights, ranker=ranker))
+        genome.remake_space()  # settings dropped: the knob genes index what is left
+        t_measure += time.perf_counter() - t
+        return True
 
-    measure(i_choice)
-    others = [("greedy", g_choice), *orders.items()]
+    extractions = [("ilp", i_choice), ("greedy", g_choice), *orders.items()]
 
-    def by_price():
+    def by_price(among=extractions):
         kernel_costs = {**costs, **genome.predicted}
-        return sorted(others, key=lambda lc: price(eg, lc[1], kernel_costs))
+        return sorted(among, key=lambda lc: price(eg, lc[1], kernel_costs))  # stable: the ILP's first in a tie
 
-    if others:
-        measure(by_price()[0][1])
+    first = by_price()[0]
+    if measure(first[1]):
+        rest = [lc for lc in by_price() if lc[0] != first[0]]
+        if rest:
+            measure(rest[0][1])
+        lead_label, lead_choice = by_price([first, *rest[:1]])[0]
+    else:
+        lead_label, lead_choice = extractions[0]
     seeds, seed_of = [], {}
 
     def add(c, label: str) -> None:
@@ -310,16 +321,16 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
             seed_of[c.fingerprint] = label
             seeds.append(c)
 
-    add(genome.candidate_of(i_choice), "ilp")
-    # under an accuracy budget: the ILP plan in each other format too (every quantisable kernel at that format's
+    add(genome.candidate_of(lead_choice), lead_label)
+    # under an accuracy budget: the lead plan in each other format too (every quantisable kernel at that format's
     # best-ranked tiles), so that the search starts from every "quantise first" plan and can only improve on them
     for i in range(1, max((len(f) for f in genome.strata_firsts.values()), default=0)):
-        c = genome.candidate_of(i_choice, stratum=i)
+        c = genome.candidate_of(lead_choice, stratum=i)
         if c.fingerprint not in seed_of:
             from ..validate.accuracy import program_formats
 
             fmts = sorted(set(program_formats(genome.program(c.as_dict())).values()))
-            add(c, f"ilp in {', '.join(fmts) or 'fp32'}")
+            add(c, f"{lead_label} in {', '.join(fmts) or 'fp32'}")
     lead = len(seeds)
     for label, ch in by_price():
         add(genome.candidate_of(ch), label)
