@@ -13,7 +13,10 @@ greedy and ILP ones (``workloads.models``), while each fixed order starts from i
 Each variant is tuned at the same budget with planforge's own search (the model's e-graph built by the
 variant's rewriter; everything else as ``planforge tune`` does it); then the chosen plans are timed in this
 one process, interleaved round by round, and the medians printed with each order's ratio to the e-graph's.
-Variants that chose the same plan (the same steps with the same knobs) share one timing of it.
+Variants that chose the same plan (the same steps with the same knobs) share one timing of it. The e-graph's plan
+is also loaded a second time and timed beside the others as a control: two loads of one program differ by what the
+timing cannot separate (1-2% on this machine: where their buffers happen to lie, and the host's noise), and a ratio
+within that spread is a tie.
 
 Run: ``.venv/bin/python bench/phase_order.py [--budget 6] [--rounds 15] [--models conv-bn-relu,residual,resnet]
 [--json out.json]``
@@ -31,7 +34,7 @@ from unittest import mock
 
 import numpy as np
 
-from planforge.api import tune
+from planforge.api import load, tune
 from planforge.ir import GraphBuilder
 from planforge.ir.zoo import _basic_block, conv_bn_relu, tiny_resnet
 from planforge.rewrite import Limits
@@ -43,6 +46,8 @@ def residual(size: int = 14, width: int = 32):
     b = GraphBuilder(f"residual-{width}x{size}")
     return b.output(_basic_block(b, b.input("x", (1, width, size, size)), width, width, 1, "b"))
 
+
+CONTROL = "e-graph again"  # the e-graph's plan loaded a second time, timed beside the others
 
 MODELS = {"conv-bn-relu": lambda: conv_bn_relu(size=28, cin=32, cout=32),
           "residual": residual,
@@ -58,7 +63,8 @@ def sequential(order: tuple[str, ...]):
 
 
 def tuned(graph, budget: int, out: Path, order=None):
-    """(plan, the plan's steps as text, tuning seconds) of ``graph`` tuned with the e-graph or a fixed order."""
+    """(plan, the plan's steps as text, the plan's steps with their knobs, tuning seconds, the spec's path) of
+    ``graph`` tuned with the e-graph or a fixed order."""
     t0 = time.perf_counter()
     if order is None:
         wl = wl_models.graph_workload(graph, graph.name)
@@ -72,7 +78,7 @@ def tuned(graph, budget: int, out: Path, order=None):
     steps = sorted({f"{s['op'][:-1]}:{s['args'][0]}" for s in program})
     # the plan up to its e-class names (which differ between e-graphs): its steps with their knobs
     same = sorted(json.dumps([s["op"], s["args"], s.get("knobs")], sort_keys=True) for s in program)
-    return res.plan, steps, same, time.perf_counter() - t0
+    return res.plan, steps, same, time.perf_counter() - t0, res.spec_path
 
 
 def interleaved(fns: dict, rounds: int, min_s: float = 0.02) -> dict[str, float]:
@@ -110,9 +116,10 @@ def main(argv=None):
             g = MODELS[name]()
             x = g.example_inputs(0)[0]
             (ref,) = g.evaluate(x)
-            plans, rows = {}, {}
+            plans, rows, specs = {}, {}, {}
             for label, order in [("e-graph", None), *ORDERS.items()]:
-                plan, steps, same, secs = tuned(g, args.budget, Path(tmp) / f"{name}-{label.replace(' ', '-')}", order)
+                plan, steps, same, secs, specs[label] = tuned(g, args.budget,
+                                                              Path(tmp) / f"{name}-{label.replace(' ', '-')}", order)
                 err = float(np.abs(plan(x)[0] - ref).max())
                 plans[label] = plan
                 rows[label] = {"steps": steps, "tune_s": secs, "max_err": err, "plan": same}
@@ -124,8 +131,9 @@ def main(argv=None):
             first = {}
             for k in rows:
                 first.setdefault(json.dumps(rows[k]["plan"]), k)
-            timed = interleaved({k: (lambda p: (lambda: p(x)))(plans[k]) for k in dict.fromkeys(first.values())},
-                             args.rounds)
+            again = load(specs["e-graph"], graph=g)  # the control: the e-graph's plan, loaded a second time
+            timed = interleaved({k: (lambda p: (lambda: p(x)))(plans[k] if k != CONTROL else again)
+                                 for k in [*dict.fromkeys(first.values()), CONTROL]}, args.rounds)
             med = {k: timed[first[json.dumps(rows[k]["plan"])]] for k in rows}
             best_fixed = min(med[k] for k in ORDERS)
             for k in rows:
@@ -135,8 +143,10 @@ def main(argv=None):
             for k, r in rows.items():
                 twin = " (the e-graph's plan)" if k != "e-graph" and r["plan"] == rows["e-graph"]["plan"] else ""
                 print(f"  {k:15s} {r['median_s'] * 1e6:9.1f}   {r['vs_egraph']:.2f}x{twin}")
+            control = timed[CONTROL] / med["e-graph"]
+            print(f"  {CONTROL:15s} {timed[CONTROL] * 1e6:9.1f}   {control:.2f}x (the timing's resolution)")
             print(f"  e-graph / best fixed order: {med['e-graph'] / best_fixed:.2f}\n", flush=True)
-            report[name] = rows
+            report[name] = {**rows, CONTROL: {"median_s": timed[CONTROL], "vs_egraph": control}}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
 
