@@ -56,8 +56,9 @@ def test_settings_are_reordered_fastest_first_slow_ones_and_failures_dropped_equ
     store = Measured(trials=5, rounds=0)  # the first settings only (refinement: below)
     g = _genome({"a": GEMM, "b": GEMM}, 6)
     info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
-    # five measured once for the two nodes of one problem, then the backend closed
-    assert target.log == [(), 0, 1, 2, 3, 4, "closed"]
+    # five measured once for the two nodes of one problem, then the backend closed; then the two within CONFIRM x the
+    # best measured again (the second pass)
+    assert target.log == [(), 0, 1, 2, 3, 4, "closed", (), 1, 3, "closed"]
     for nid in "ab":
         # measured within SLOWER x the best, fastest first, then the one not measured (5); slower ones (0: 5x,
         # 4: 9x) and the failure (2) dropped (and refinement off: no setting found beyond the model's)
@@ -66,14 +67,50 @@ def test_settings_are_reordered_fastest_first_slow_ones_and_failures_dropped_equ
     assert list(info) == ["gemm 32x256x256 bias"]
     (row,) = info.values()
     assert row["measured"] == 5 and row["first_s"] == 5.0 and row["best_s"] == 1.0 and row["kept"] == 3
-    assert row["refined"] == 0
+    assert row["refined"] == 0 and row["confirmed"] == 2
     assert row["note"].startswith("1 of 5 settings failed: invalid")
     assert "1 of 5 settings failed" in next(iter(store.notes.values()))
     # another task's node of the same problem reuses the measurements
     g2 = _genome({"c": GEMM}, 6)
     measure_first_settings(g2, target, {"c": {}}, 1, store)
-    assert target.log == [(), 0, 1, 2, 3, 4, "closed"] and [c["tile"] for c in g2.configs["c"]][:2] == [3, 1]
+    assert target.log == [(), 0, 1, 2, 3, 4, "closed", (), 1, 3, "closed"] and [c["tile"] for c in g2.configs["c"]][:2] == [3, 1]
     assert list(store.times) == [(GEMM, False)] and store.times[GEMM, False][3] == ({"tile": 3}, 1.0)
+
+
+class _Passes(_Target):
+    """A host slow for the first pass of one problem: ``passes[problem][k]`` is the k-th pass's seconds per tile."""
+
+    def __init__(self, passes):
+        super().__init__(next(iter(passes.values()))[0])
+        self.passes, self.count = passes, {}
+
+    def kernel_backend(self, problem, seed=0, constant_weights=False):
+        k = self.count[problem] = self.count.get(problem, -1) + 1
+        self.log.append((problem.dims, k))
+        return _Backend(self.passes[problem][min(k, len(self.passes[problem]) - 1)], self.log)
+
+
+def test_a_second_pass_after_the_other_problems_undoes_a_slow_stretch_and_keeps_each_settings_faster_time():
+    # GEMM's two-thread settings (tiles 1 and 2) measured while another tenant held the second core: 1.8x, past
+    # SLOWER, so they would have been dropped; a pass later (after GEMM2's first) they run at 0.7 and 0.75
+    passes = {GEMM: [[1.0, 1.8, 1.9, 5.0], [1.2, 0.7, 0.75, 1.0]], GEMM2: [[2.0, 2.1, 9.0, 2.0], [2.0, 2.1, 9.0, 2.0]]}
+    target = _Passes(passes)
+    store = Measured(trials=4, rounds=0)
+    g = _genome({"a": GEMM, "b": GEMM2}, 4)
+    info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
+    firsts = [e for e in target.log if isinstance(e, tuple) and e]
+    assert firsts == [((32, 256, 1024), 0), ((32, 256, 256), 0), ((32, 256, 1024), 1), ((32, 256, 256), 1)]
+    # GEMM: the three within CONFIRM x its best (1.0, 1.8, 1.9; not 5.0) again, each at the faster of its times
+    assert [t for _, t in store.times[GEMM, False]] == [1.0, 0.7, 0.75, 5.0]
+    assert [c["tile"] for c in g.configs["a"]] == [1, 2]  # 1.0 is over 1.1 x 0.7 now, and 5.0 was
+    assert g.predicted["a"] == 0.7 and info["gemm 32x256x256 bias"]["confirmed"] == 3
+    assert [c["tile"] for c in g.configs["b"]] == [0, 3, 1] and info["gemm 32x256x1024 bias"]["confirmed"] == 3
+    # a failure the second time keeps the first pass's time
+    target = _Passes({GEMM: [[1.0, 1.5], [None, 0.9]]})
+    store = Measured(trials=2, rounds=0)
+    g = _genome({"a": GEMM}, 2)
+    measure_first_settings(g, target, {"a": {}}, 1, store)
+    assert [t for _, t in store.times[GEMM, False]] == [1.0, 0.9]
 
 
 def test_a_refused_problem_keeps_the_models_order_and_says_why():
@@ -92,7 +129,8 @@ def test_a_node_with_constant_weights_is_measured_as_its_plan_binds_it_apart_fro
     store = Measured(trials=3)
     g = _genome({"w": GEMM, "x": GEMM}, 3)
     info = measure_first_settings(g, target, {"w": {}, "x": {}}, 1, store, constant=lambda nid: nid == "w")
-    assert target.log.count(("const",)) == 1 and target.log.count(()) == 1  # two problems, one of each
+    # two problems, one of each, each measured in two passes
+    assert target.log.count(("const",)) == 2 and target.log.count(()) == 2
     assert set(store.times) == {(GEMM, True), (GEMM, False)}
     assert set(info) == {"gemm 32x256x256 bias", "gemm 32x256x256 bias (constant weights)"}
 
@@ -141,7 +179,8 @@ def test_a_kernel_no_model_predicts_is_measured_too_after_the_predicted_ones():
     g = _genome({"a": GEMM, "s": CONV}, 3)
     del g.predicted["s"]
     info = measure_first_settings(g, target, {"s": {}, "a": {}}, 1, store)
-    assert target.log == [(), 0, 1, 2, "closed", (), 0, 1, 2, "closed"]
+    # each problem's first pass, then each problem's second (the two settings within CONFIRM x its best)
+    assert target.log == [(), 0, 1, 2, "closed", (), 0, 1, 2, "closed", (), 1, 2, "closed", (), 1, 2, "closed"]
     assert list(store.times) == [(GEMM, False), (CONV, False)]  # the predicted one first, whatever the plan's order
     assert [c["tile"] for c in g.configs["s"]] == [1, 2] and g.predicted["s"] == 1.0
     assert set(info) == {"gemm 32x256x256 bias", "conv 1x3 odd"}
@@ -206,7 +245,8 @@ def test_refinement_walks_one_knob_moves_from_the_best_and_adds_what_it_finds_to
     info = measure_first_settings(g, target, {"a": {}}, 1, store, ranker=_model)
     # the first settings, then from (64, 8) the model's best move of each knob, best rated first: vec 16 (7), kc
     # up a step (8); then from (64, 16): kc 128 (6) rated over kc 32 (8), vec 8 measured; two rounds, then done
-    assert target.log == [[(32, 8), (64, 8)], [(64, 16), (128, 8)], [(128, 16)]]
+    # (the first settings' second pass between)
+    assert target.log == [[(32, 8), (64, 8)], [(32, 8), (64, 8)], [(64, 16), (128, 8)], [(128, 16)]]
     row = info["gemm 32x256x256 bias"]
     assert row["measured"] == 5 and row["refined"] == 3 and row["best_s"] == 6.0 and row["first_s"] == 10.0
     for nid in "ab":  # refinement's best joins every node of the problem, first; the rest over SLOWER dropped
@@ -221,7 +261,8 @@ def test_refinement_stops_when_a_round_finds_nothing_faster_and_skips_moves_the_
     g = _genome2({"a": GEMM}, [{"kc": 32, "vec": 8}, {"kc": 64, "vec": 8}])
     no_vec16 = lambda problem, space: lambda cands: [float("inf") if c["vec"] == 16 else 1.0 for c in cands]  # noqa
     info = measure_first_settings(g, target, {"a": {}}, 1, store, ranker=no_vec16)
-    assert target.log == [[(32, 8), (64, 8)], [(128, 8)]]  # one round: kc 128 only, vec 16 never measured
+    # the first settings twice, then one round: kc 128 only, vec 16 never measured
+    assert target.log == [[(32, 8), (64, 8)], [(32, 8), (64, 8)], [(128, 8)]]
     assert info["gemm 32x256x256 bias"]["refined"] == 1
 
 
@@ -230,7 +271,7 @@ def test_refinement_has_its_own_clock_and_leaves_small_problems_alone():
     store = Measured(trials=4, refine_seconds=0.0)
     g = _genome2({"a": GEMM}, [{"kc": 32, "vec": 8}, {"kc": 64, "vec": 8}])
     measure_first_settings(g, target, {"a": {}}, 1, store, ranker=_model)
-    assert target.log == [[(32, 8), (64, 8)]] and store.refined == {}
+    assert target.log == [[(32, 8), (64, 8)], [(32, 8), (64, 8)]] and store.refined == {}
     # two problems of one task: the one taking under REFINE_SHARE of its measured time is not refined
     big_small = lambda c: 100.0 * _tile_time(c)  # noqa: E731
     target = _Target2()
