@@ -308,7 +308,8 @@ def graph_task(graph: Graph, key: str, target: Target, budget: int, seed: int = 
 
     first = by_price()[0]
     if measure(first[1]):
-        rest = [lc for lc in by_price() if lc[0] != first[0]]
+        same = genome.candidate_of(first[1]).fingerprint  # another extraction of that plan measures nothing new
+        rest = [lc for lc in by_price() if genome.candidate_of(lc[1]).fingerprint != same]
         if rest:
             measure(rest[0][1])
         lead_label, lead_choice = by_price([first, *rest[:1]])[0]
