@@ -15,7 +15,7 @@ variant's rewriter; everything else as ``planforge tune`` does it); then the cho
 one process, interleaved round by round, and the medians printed with each order's ratio to the e-graph's.
 Variants that chose the same plan (the same steps with the same knobs) share one timing of it. The e-graph's plan
 is also loaded a second time and timed beside the others as a control: two loads of one program differ by what the
-timing cannot separate (1-2% on this machine: where their buffers happen to lie, and the host's noise), and a ratio
+timing cannot separate (0-4% on this machine: where their buffers happen to lie, and the host's noise), and a ratio
 within that spread is a tie.
 
 Run: ``.venv/bin/python bench/phase_order.py [--budget 6] [--rounds 15] [--models conv-bn-relu,residual,resnet]
