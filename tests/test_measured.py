@@ -14,23 +14,31 @@ GEMM, GEMM2, CONV = P("gemm", (32, 256, 256), "bias"), P("gemm", (32, 256, 1024)
 
 
 class _Backend:
-    """Measures a setting at ``times[tile]`` seconds; a tile of None fails to build."""
+    """Measures a setting at ``times[tile]`` seconds; a tile of None fails to build. Side by side (``remeasure``,
+    logged as ``("race", tiles)``) at ``race[tile]`` where given, else as ``measure`` does."""
 
-    def __init__(self, times, log):
-        self.times, self.log = times, log
+    def __init__(self, times, log, race=None):
+        self.times, self.log, self.race = times, log, race
 
     def measure(self, cands):
         self.log.extend(c["tile"] for c in cands)
         return [Outcome.invalid("compile", "no") if self.times[c["tile"]] is None else
                 Outcome.measured([self.times[c["tile"]]] * 3) for c in cands]
 
+    def remeasure(self, cands, libraries=None, rounds=3):
+        assert libraries == () and rounds >= 2  # settings only, no library baselines
+        self.log.append(("race", [c["tile"] for c in cands]))
+        times = self.race if self.race is not None else self.times
+        return [Outcome.invalid("runtime", "crashed") if times[c["tile"]] is None else
+                Outcome.measured([times[c["tile"]]] * 3 * rounds) for c in cands], {}
+
     def close(self):
         self.log.append("closed")
 
 
 class _Target:
-    def __init__(self, times, refuse=()):
-        self.times, self.refuse, self.log = times, set(refuse), []
+    def __init__(self, times, refuse=(), race=None):
+        self.times, self.refuse, self.log, self.race = times, set(refuse), [], race
 
     def knob_space(self, problem):
         return Space([Knob("tile", tuple(range(len(self.times))), "categorical")])
@@ -39,7 +47,7 @@ class _Target:
         if problem in self.refuse:
             raise ValueError(f"no kernel for {problem}")
         self.log.append(("const",) if constant_weights else ())
-        return _Backend(self.times, self.log)
+        return _Backend(self.times, self.log, self.race)
 
 
 def _genome(problems: dict[str, str], n: int):
@@ -57,8 +65,9 @@ def test_settings_are_reordered_fastest_first_slow_ones_and_failures_dropped_equ
     g = _genome({"a": GEMM, "b": GEMM}, 6)
     info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
     # five measured once for the two nodes of one problem, then the backend closed; then the two within CONFIRM x the
-    # best measured again (the second pass)
-    assert target.log == [(), 0, 1, 2, 3, 4, "closed", (), 1, 3, "closed"]
+    # best measured again (the second pass); then the two within RACE x the best side by side, the fastest first
+    first = [(), 0, 1, 2, 3, 4, "closed", (), 1, 3, "closed", (), ("race", [3, 1]), "closed"]
+    assert target.log == first
     for nid in "ab":
         # measured within SLOWER x the best, fastest first, then the one not measured (5); slower ones (0: 5x,
         # 4: 9x) and the failure (2) dropped (and refinement off: no setting found beyond the model's)
@@ -67,13 +76,13 @@ def test_settings_are_reordered_fastest_first_slow_ones_and_failures_dropped_equ
     assert list(info) == ["gemm 32x256x256 bias"]
     (row,) = info.values()
     assert row["measured"] == 5 and row["first_s"] == 5.0 and row["best_s"] == 1.0 and row["kept"] == 3
-    assert row["refined"] == 0 and row["confirmed"] == 2
+    assert row["refined"] == 0 and row["confirmed"] == 2 and row["raced"] == 2
     assert row["note"].startswith("1 of 5 settings failed: invalid")
     assert "1 of 5 settings failed" in next(iter(store.notes.values()))
     # another task's node of the same problem reuses the measurements
     g2 = _genome({"c": GEMM}, 6)
     measure_first_settings(g2, target, {"c": {}}, 1, store)
-    assert target.log == [(), 0, 1, 2, 3, 4, "closed", (), 1, 3, "closed"] and [c["tile"] for c in g2.configs["c"]][:2] == [3, 1]
+    assert target.log == first and [c["tile"] for c in g2.configs["c"]][:2] == [3, 1]
     assert list(store.times) == [(GEMM, False)] and store.times[GEMM, False][3] == ({"tile": 3}, 1.0)
 
 
@@ -98,8 +107,12 @@ def test_a_second_pass_after_the_other_problems_undoes_a_slow_stretch_and_keeps_
     store = Measured(trials=4, rounds=0)
     g = _genome({"a": GEMM, "b": GEMM2}, 4)
     info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store)
-    firsts = [e for e in target.log if isinstance(e, tuple) and e]
-    assert firsts == [((32, 256, 1024), 0), ((32, 256, 256), 0), ((32, 256, 1024), 1), ((32, 256, 256), 1)]
+    firsts = [e for e in target.log if isinstance(e, tuple) and e and e[0] != "race"]
+    # GEMM2's first pass (the larger predicted), GEMM's, then the second passes; then GEMM2's race (2.0, 2.0 and 2.1
+    # within RACE x its best; GEMM's 0.7 has none that close: not raced)
+    assert firsts == [((32, 256, 1024), 0), ((32, 256, 256), 0), ((32, 256, 1024), 1), ((32, 256, 256), 1),
+                      ((32, 256, 1024), 2)]
+    assert target.log[-2] == ("race", [0, 3, 1])
     # GEMM: the three within CONFIRM x its best (1.0, 1.8, 1.9; not 5.0) again, each at the faster of its times
     assert [t for _, t in store.times[GEMM, False]] == [1.0, 0.7, 0.75, 5.0]
     assert [c["tile"] for c in g.configs["a"]] == [1, 2]  # 1.0 is over 1.1 x 0.7 now, and 5.0 was
@@ -111,6 +124,39 @@ def test_a_second_pass_after_the_other_problems_undoes_a_slow_stretch_and_keeps_
     g = _genome({"a": GEMM}, 2)
     measure_first_settings(g, target, {"a": {}}, 1, store)
     assert [t for _, t in store.times[GEMM, False]] == [1.0, 0.9]
+
+
+def test_the_fastest_settings_are_raced_side_by_side_and_keep_their_place_against_the_others():
+    # measured one at a time, tiles 0-2 came within 4% of each other, 0 first; side by side, 2 is the fastest and 0
+    # 10% slower (its first time a fast moment of the host)
+    times = [1.0, 1.03, 1.04, 1.08, 3.0]
+    race = [1.32, 1.26, 1.2, 9.0, 9.0]  # the race's own times (its moment slower): only their ratios count
+    target = _Target(times, race=race)
+    store = Measured(trials=5, rounds=0)
+    g = _genome({"a": CONV}, 5)
+    info = measure_first_settings(g, target, {"a": {}}, 1, store)
+    # the three within RACE x the best, fastest first (tile 3 at 1.08 is not, so it keeps its time unraced)
+    assert target.log[-2] == ("race", [0, 1, 2])
+    # each at the best so far times its ratio to the race's fastest: 2 at 1.0, 1 at 1.05, 0 at 1.1; tile 3 keeps 1.08
+    assert [t for _, t in store.times[CONV, False]] == pytest.approx([1.1, 1.05, 1.0, 1.08, 3.0])
+    assert [c["tile"] for c in g.configs["a"]] == [2, 1, 3, 0]  # 3.0 is past SLOWER
+    assert g.predicted["a"] == pytest.approx(1.0) and info["conv 1x3 odd"]["raced"] == 3
+    # at most RACE_SIZE of them, the fastest; one failing in the race keeps its earlier time
+    target = _Target([1.0, 1.01, 1.02, 1.03, 1.04, 1.045], race=[1.0, None, 0.9, 1.0, 1.0, 1.0])
+    store = Measured(trials=6, rounds=0)
+    g = _genome({"a": CONV}, 6)
+    measure_first_settings(g, target, {"a": {}}, 1, store)
+    assert target.log[-2] == ("race", [0, 1, 2, 3])
+    assert [t for _, t in store.times[CONV, False]] == pytest.approx([1.0 / 0.9, 1.01, 1.0, 1.0 / 0.9, 1.04, 1.045])
+    assert [c["tile"] for c in g.configs["a"]][:3] == [2, 1, 4]
+    # the race's clock: none at 0 s; and no race where no other setting is that close
+    for times, race_s in (([1.0, 1.01], 0.0), ([1.0, 1.2], 20.0)):
+        target = _Target(times, race=[2.0, 1.0])
+        store = Measured(trials=2, rounds=0, race_seconds=race_s)
+        g = _genome({"a": CONV}, 2)
+        measure_first_settings(g, target, {"a": {}}, 1, store)
+        assert not any(isinstance(e, tuple) and e and e[0] == "race" for e in target.log)
+        assert [c["tile"] for c in g.configs["a"]][0] == 0
 
 
 def test_a_refused_problem_keeps_the_models_order_and_says_why():
@@ -209,6 +255,10 @@ class _Backend2:
     def measure(self, cands):
         self.log.append([(c["kc"], c["vec"]) for c in cands])
         return [Outcome.measured([self.time_of(c.as_dict())] * 3) for c in cands]
+
+    def remeasure(self, cands, libraries=None, rounds=3):
+        self.log.append(("race", [(c["kc"], c["vec"]) for c in cands]))
+        return self.measure(cands)[:0] + [Outcome.measured([self.time_of(c.as_dict())] * 3) for c in cands], {}
 
     def close(self):
         pass

@@ -30,6 +30,16 @@ stretch, a one-thread one came first, the others were dropped, and the plan ran 
 two times: a stretch shorter than that gap slows one of them only. (A stretch longer than the whole measurement, or
 a call with one problem, is not caught.)
 
+Among a problem's best settings the measured times are often within a few per cent of each other, and which of them
+comes first is then the host's noise at the moment each was measured: the phase-ordering bench's Conv-BN-ReLU layer,
+tuned twice (once in the e-graph, once by a fixed order that reaches the same kernel), kept two settings one knob
+apart whose plans then ran 1-3% apart in one process, one way or the other. So the problems refined (those taking a
+large share of the task's time) then have their fastest settings, those within ``RACE`` times the best (at most
+``RACE_SIZE``), measured again side by side, round by round (``Backend.remeasure``, ``RACE_ROUNDS`` rounds, every
+round's samples pooled): a slow stretch then falls on all of them alike, and each ends at the best time scaled by its
+pooled median over the fastest one's, so that the race orders them without moving them against the settings it did
+not run. It has its own clock (``RACE_SECONDS`` per workload).
+
 A setting measured over ``SLOWER`` times its problem's best, or failing to build or run, is dropped from its
 node's settings, so that the search's one-knob steps from the seeds never step to it: measured as part of a whole
 plan, a step to a setting 6 us slower in a 170 us part is within the host's noise, and llama-2's search kept
@@ -52,6 +62,10 @@ REFINE_SECONDS = 30.0  # wall seconds a workload spends refining at most
 REFINE_SHARE = 0.05  # a problem is refined when its measured best takes this share of its task's kernel time
 IMPROVED = 0.01  # a round that finds no setting this much faster than the best ends the refinement
 CONFIRM = 2.0  # settings within this many times their problem's best are measured a second time (``_confirm``)
+RACE = 1.05  # a refined problem's settings within this many times its best are measured side by side (``_race``)
+RACE_SIZE = 4  # at most this many of them, the fastest
+RACE_ROUNDS = 3  # interleaved rounds of the race
+RACE_SECONDS = 20.0  # wall seconds a workload spends on races at most
 
 
 @dataclass
@@ -67,8 +81,11 @@ class Measured:
     notes: dict[Any, str] = field(default_factory=dict)
     refined: dict[Any, int] = field(default_factory=dict)  # settings measured by refinement, per problem
     confirmed: dict[Any, int] = field(default_factory=dict)  # settings measured a second time, per problem
+    race_seconds: float = RACE_SECONDS
+    raced: dict[Any, int] = field(default_factory=dict)  # settings measured side by side at the end, per problem
     spent: float = 0.0
     refine_spent: float = 0.0
+    race_spent: float = 0.0
 
 
 def _label(problem, constant: bool = False) -> str:
@@ -123,6 +140,11 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
             break
         if pk not in store.refined and share[pk] >= REFINE_SHARE * total:
             _refine(pk, target, store, seed, cold, ranker)
+    for pk in sorted(share, key=lambda p: -share[p]):  # the same problems' fastest settings, side by side
+        if store.race_spent >= store.race_seconds:
+            break
+        if pk not in store.raced and share[pk] >= REFINE_SHARE * total:
+            _race(pk, target, store, seed, cold)
     out = {}
     for pk, ts in store.times.items():
         if pk not in nodes or not ts:
@@ -149,7 +171,7 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
         if pk in wanted:
             out[_label(*pk)] = {"measured": len(ts), "first_s": ts[0][1], "best_s": min(ok) if ok else None,
                                 "kept": len(genome.configs[nodes[pk][0]]), "refined": store.refined.get(pk, 0),
-                                "confirmed": store.confirmed.get(pk, 0)}
+                                "confirmed": store.confirmed.get(pk, 0), "raced": store.raced.get(pk, 0)}
     for pk in wanted:  # what failed, or was refused, and why
         if pk in store.notes:
             out.setdefault(_label(*pk), {"measured": 0})["note"] = store.notes[pk]
@@ -188,6 +210,24 @@ def _moves(space, best: dict, seen: set[str], predict: Callable | None, n: int) 
     return sorted((c for c in firsts if math.isfinite(rated[id(c)])), key=lambda c: rated[id(c)])[:n]
 
 
+def _measure_again(key: tuple[Any, bool], target, store: Measured, seed: int, cold: bool, what: str, clock: str,
+                   body: Callable[[Any, Any], None]) -> None:
+    """``body(backend, space)`` on a kernel backend of ``key`` opened for it and closed after, its wall time added to
+    ``store``'s ``clock`` attribute; an error in it is said in ``key``'s notes as ``what``, and what was measured
+    before stands."""
+    t0 = time.perf_counter()
+    backend = None
+    try:
+        backend = _backend(key, target, seed, cold)
+        body(backend, target.knob_space(key[0]))
+    except Exception as e:
+        store.notes.setdefault(key, f"{what}: {type(e).__name__}: {e}")
+    finally:
+        if backend is not None and hasattr(backend, "close"):
+            backend.close()
+        setattr(store, clock, getattr(store, clock) + time.perf_counter() - t0)
+
+
 def _confirm(key: tuple[Any, bool], target, store: Measured, seed: int, cold: bool) -> None:
     """``key``'s settings measured within ``CONFIRM`` x its best measured again, each keeping the faster of its two
     times (a failure the second time keeps the first); nothing where fewer than two are that close."""
@@ -196,22 +236,39 @@ def _confirm(key: tuple[Any, bool], target, store: Measured, seed: int, cold: bo
     again = [i for i, (_, t) in enumerate(ts) if t is not None and t <= CONFIRM * best]
     if len(again) < 2:
         return
-    t0 = time.perf_counter()
-    backend = None
-    try:
-        backend = _backend(key, target, seed, cold)
-        space = target.knob_space(key[0])
+
+    def body(backend, space):
         outs = backend.measure([space.make(ts[i][0]) for i in again])
         for i, o in zip(again, outs):
             if o.ok:
                 ts[i] = (ts[i][0], min(ts[i][1], o.metric))
         store.confirmed[key] = len(again)
-    except Exception as e:  # the first pass stands
-        store.notes.setdefault(key, f"second pass: {type(e).__name__}: {e}")
-    finally:
-        if backend is not None and hasattr(backend, "close"):
-            backend.close()
-        store.spent += time.perf_counter() - t0
+
+    _measure_again(key, target, store, seed, cold, "second pass", "spent", body)
+
+
+def _race(key: tuple[Any, bool], target, store: Measured, seed: int, cold: bool) -> None:
+    """``key``'s fastest settings (within ``RACE`` x its best, at most ``RACE_SIZE``) measured again side by side for
+    ``RACE_ROUNDS`` rounds; each ends at the best time so far times its pooled median over the fastest one's (one
+    failing now keeps its earlier time); nothing where fewer than two are that close."""
+    ts = store.times.get(key, [])
+    best = _best(ts)
+    store.raced[key] = 0
+    close = sorted((i for i, (_, t) in enumerate(ts) if t is not None and t <= RACE * best),
+                   key=lambda i: ts[i][1])[:RACE_SIZE]
+    if len(close) < 2:
+        return
+
+    def body(backend, space):
+        outs, _ = backend.remeasure([space.make(ts[i][0]) for i in close], libraries=(), rounds=RACE_ROUNDS)
+        pooled = {i: o.metric for i, o in zip(close, outs) if o.ok}
+        if len(pooled) >= 2:
+            fastest = min(pooled.values())
+            for i, t in pooled.items():
+                ts[i] = (ts[i][0], best * t / fastest)
+            store.raced[key] = len(pooled)
+
+    _measure_again(key, target, store, seed, cold, "race", "race_spent", body)
 
 
 def _refine(key: tuple[Any, bool], target, store: Measured, seed: int, cold: bool,
@@ -269,4 +326,5 @@ def _measure(key: tuple[Any, bool], configs: list[dict], target, store: Measured
         store.spent += time.perf_counter() - t0
 
 
-__all__ = ["CONFIRM", "Measured", "REFINE_SECONDS", "SECONDS", "TRIALS", "measure_first_settings"]
+__all__ = ["CONFIRM", "Measured", "RACE", "RACE_ROUNDS", "RACE_SECONDS", "RACE_SIZE", "REFINE_SECONDS", "SECONDS",
+           "TRIALS", "measure_first_settings"]
