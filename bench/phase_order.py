@@ -18,6 +18,12 @@ is also loaded a second time and timed beside the others as a control: two loads
 timing cannot separate (0-4% on this machine: where their buffers happen to lie, and the host's noise), and a ratio
 within that spread is a tie.
 
+Each model ends on a verdict, e-graph against the best fixed order: rounds pair up (every runner is timed once a
+round, so a slow stretch of the host falls on one round's samples of all of them), and the per-round log ratio of
+the e-graph's plan to the best fixed order's is tested one-sided both ways (``scipy.stats.wilcoxon``); ``slower``
+or ``faster`` where that is significant (p < 0.05) and the median ratio lies beyond the control's distance from 1,
+``tie`` otherwise (the instrument cannot tell them apart).
+
 Run: ``.venv/bin/python bench/phase_order.py [--budget 6] [--rounds 15] [--models conv-bn-relu,residual,resnet]
 [--json out.json]``
 """
@@ -100,7 +106,29 @@ def interleaved(fns: dict, rounds: int, min_s: float = 0.02) -> dict[str, float]
                 break
         return (time.perf_counter() - t0) / n
 
-    return {k: statistics.median(v) for k, v in rounds_of(fns, rounds, block).items()}
+    return rounds_of(fns, rounds, block)
+
+
+def verdict(egraph: list[float], best: list[float], control: float, alpha: float = 0.05) -> dict:
+    """The e-graph's plan against the best fixed order's from their paired per-round samples: the median per-round
+    ratio, the one-sided Wilcoxon signed-rank p-values of the log ratios (e-graph slower; e-graph faster), and
+    ``slower`` / ``faster`` where one is under ``alpha`` and the median ratio is further from 1 than ``control``
+    (the e-graph's plan loaded twice: the ratio of its two timings), else ``tie``."""
+    from scipy.stats import wilcoxon
+
+    logs = np.log(np.asarray(egraph) / np.asarray(best))
+    ratio = float(np.exp(np.median(logs)))
+    if np.allclose(logs, 0.0):  # the same plan timed once (a fixed order that chose the e-graph's plan)
+        return {"ratio": 1.0, "p_slower": 1.0, "p_faster": 1.0, "verdict": "tie"}
+    p_slower = float(wilcoxon(logs, alternative="greater").pvalue)
+    p_faster = float(wilcoxon(logs, alternative="less").pvalue)
+    resolution = abs(control - 1.0)
+    out = "tie"
+    if p_slower < alpha and ratio > 1.0 + resolution:
+        out = "slower"
+    elif p_faster < alpha and ratio < 1.0 - resolution:
+        out = "faster"
+    return {"ratio": ratio, "p_slower": p_slower, "p_faster": p_faster, "verdict": out}
 
 
 def main(argv=None):
@@ -132,10 +160,12 @@ def main(argv=None):
             for k in rows:
                 first.setdefault(json.dumps(rows[k]["plan"]), k)
             again = load(specs["e-graph"], graph=g)  # the control: the e-graph's plan, loaded a second time
-            timed = interleaved({k: (lambda p: (lambda: p(x)))(plans[k] if k != CONTROL else again)
-                                 for k in [*dict.fromkeys(first.values()), CONTROL]}, args.rounds)
+            samples = interleaved({k: (lambda p: (lambda: p(x)))(plans[k] if k != CONTROL else again)
+                                   for k in [*dict.fromkeys(first.values()), CONTROL]}, args.rounds)
+            timed = {k: statistics.median(v) for k, v in samples.items()}
             med = {k: timed[first[json.dumps(rows[k]["plan"])]] for k in rows}
-            best_fixed = min(med[k] for k in ORDERS)
+            best_label = min(ORDERS, key=lambda k: med[k])
+            best_fixed = med[best_label]
             for k in rows:
                 rows[k]["median_s"] = med[k]
                 rows[k]["vs_egraph"] = med[k] / med["e-graph"]
@@ -145,8 +175,13 @@ def main(argv=None):
                 print(f"  {k:15s} {r['median_s'] * 1e6:9.1f}   {r['vs_egraph']:.2f}x{twin}")
             control = timed[CONTROL] / med["e-graph"]
             print(f"  {CONTROL:15s} {timed[CONTROL] * 1e6:9.1f}   {control:.2f}x (the timing's resolution)")
-            print(f"  e-graph / best fixed order: {med['e-graph'] / best_fixed:.2f}\n", flush=True)
-            report[name] = {**rows, CONTROL: {"median_s": timed[CONTROL], "vs_egraph": control}}
+            v = verdict(samples[first[json.dumps(rows["e-graph"]["plan"])]],
+                        samples[first[json.dumps(rows[best_label]["plan"])]], control)
+            print(f"  e-graph / best fixed order ({best_label}): {med['e-graph'] / best_fixed:.2f}; paired rounds: "
+                  f"median ratio {v['ratio']:.3f}, p(slower) {v['p_slower']:.3g}, p(faster) {v['p_faster']:.3g}: "
+                  f"{v['verdict']}\n", flush=True)
+            report[name] = {**rows, CONTROL: {"median_s": timed[CONTROL], "vs_egraph": control},
+                            "verdict": {"best_fixed": best_label, **v}}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
 
