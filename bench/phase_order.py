@@ -88,8 +88,13 @@ def tuned(graph, budget: int, out: Path, order=None):
 
 
 def interleaved(fns: dict, rounds: int, min_s: float = 0.02) -> dict[str, float]:
-    """Median seconds per call of each zero-argument function, timed round by round (each sample: calls for at
-    least ``min_s``), after one warm-up call each; each round after the first in a fresh order and each turn
+    """Median seconds per call of each zero-argument function over ``interleaved_samples``' rounds."""
+    return {k: statistics.median(v) for k, v in interleaved_samples(fns, rounds, min_s).items()}
+
+
+def interleaved_samples(fns: dict, rounds: int, min_s: float = 0.02) -> dict[str, list[float]]:
+    """Seconds per call of each zero-argument function, one sample a round, timed round by round (each sample:
+    calls for at least ``min_s``), after one warm-up call each; each round after the first in a fresh order and each turn
     after a pause (``planforge.measure.timing.interleaved``: a runtime's pool spinning after its calls, ONNX
     Runtime's, would otherwise always slow the same runner)."""
     from planforge.measure.timing import interleaved as rounds_of
@@ -160,8 +165,8 @@ def main(argv=None):
             for k in rows:
                 first.setdefault(json.dumps(rows[k]["plan"]), k)
             again = load(specs["e-graph"], graph=g)  # the control: the e-graph's plan, loaded a second time
-            samples = interleaved({k: (lambda p: (lambda: p(x)))(plans[k] if k != CONTROL else again)
-                                   for k in [*dict.fromkeys(first.values()), CONTROL]}, args.rounds)
+            samples = interleaved_samples({k: (lambda p: (lambda: p(x)))(plans[k] if k != CONTROL else again)
+                                           for k in [*dict.fromkeys(first.values()), CONTROL]}, args.rounds)
             timed = {k: statistics.median(v) for k, v in samples.items()}
             med = {k: timed[first[json.dumps(rows[k]["plan"])]] for k in rows}
             best_label = min(ORDERS, key=lambda k: med[k])
