@@ -94,8 +94,8 @@ def interleaved(fns: dict, rounds: int, min_s: float = 0.02) -> dict[str, float]
 
 def interleaved_samples(fns: dict, rounds: int, min_s: float = 0.02) -> dict[str, list[float]]:
     """Seconds per call of each zero-argument function, one sample a round, timed round by round (each sample:
-    calls for at least ``min_s``), after one warm-up call each; each round after the first in a fresh order and each turn
-    after a pause (``planforge.measure.timing.interleaved``: a runtime's pool spinning after its calls, ONNX
+    calls for at least ``min_s``), after one warm-up call each; each round after the first in a fresh order and
+    each turn after a pause (``planforge.measure.timing.interleaved``: a runtime's pool spinning after its calls, ONNX
     Runtime's, would otherwise always slow the same runner)."""
     from planforge.measure.timing import interleaved as rounds_of
 
