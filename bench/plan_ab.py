@@ -4,9 +4,11 @@ one process, interleaved round by round, medians, with ONNX Runtime beside them 
 A switch is a module attribute that ``Plan`` reads when it binds its steps (``planforge.targets.cpu.plan``'s
 ``COMPILED_PASSES`` or ``WAKE_PARTS``): the plan loaded with it set to False is the "off" side. Both plans are
 checked against torch first. The plans come from a ``bench/cnn.py --keep DIR`` run (``DIR/pf-MODEL-SIZE``).
+With ``--against DIR2`` the two sides are instead two tunings' plans of the same model (``DIR``'s and ``DIR2``'s,
+each loaded as it is), so that a change to the tuner is judged on what it chose, not on two runs minutes apart.
 
 Run: ``.venv/bin/python bench/plan_ab.py --spec DIR --models mobilenet_v3_small --sizes 96
-[--switch COMPILED_PASSES] [--rounds 15] [--json out.json]``
+[--switch COMPILED_PASSES | --against DIR2] [--rounds 15] [--json out.json]``
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ def main(argv=None):
     ap.add_argument("--models", default="mobilenet_v3_small")
     ap.add_argument("--sizes", default="96")
     ap.add_argument("--switch", default="COMPILED_PASSES", help="a bool attribute of planforge.targets.cpu.plan")
+    ap.add_argument("--against", default="", help="another bench/cnn.py --keep folder: its plan is the B side")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
@@ -41,7 +44,9 @@ def main(argv=None):
         sys.exit(f"error: planforge.targets.cpu.plan has no switch {args.switch!r} (a bool attribute)")
     threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
-    out = {"switch": args.switch, "threads": threads, "rounds": args.rounds}
+    a_label, b_label = ((f"{args.spec}", f"{args.against}") if args.against else
+                        (f"{args.switch}=on", f"{args.switch}=off"))
+    out = {"switch": args.switch, "against": args.against, "threads": threads, "rounds": args.rounds}
     for name in args.models.split(","):
         for size in (int(s) for s in args.sizes.split(",")):
             m, x, want = model_and_input(name, size)
@@ -51,12 +56,18 @@ def main(argv=None):
                 sys.exit(f"error: no kept plan at {spec} (run bench/cnn.py --keep {args.spec} first)")
             g = from_torch(m, (x,))
             plans = {}
-            for on in (True, False):
-                setattr(plan_mod, args.switch, on)
-                plans[on] = load(spec, graph=g)
-            setattr(plan_mod, args.switch, True)
+            if args.against:
+                other = Path(args.against) / f"pf-{name}-{size}" / "spec.json"
+                if not other.is_file():
+                    sys.exit(f"error: no kept plan at {other} (run bench/cnn.py --keep {args.against} first)")
+                plans[True], plans[False] = load(spec, graph=g), load(other, graph=g)
+            else:
+                for on in (True, False):
+                    setattr(plan_mod, args.switch, on)
+                    plans[on] = load(spec, graph=g)
+                setattr(plan_mod, args.switch, True)
             errs = {on: float(np.abs(p(xn)[0] - want).max()) for on, p in plans.items()}
-            fns = {f"{args.switch}=on": lambda p=plans[True]: p(xn), f"{args.switch}=off": lambda p=plans[False]: p(xn)}
+            fns = {a_label: lambda p=plans[True]: p(xn), b_label: lambda p=plans[False]: p(xn)}
             ort_run = onnx_runtime(m, x, Path(spec).parent / "ab.onnx", threads)
             if ort_run is not None:
                 fns["ONNX Runtime"] = ort_run
@@ -64,8 +75,8 @@ def main(argv=None):
             print(f"\n{name} 1x3x{size}x{size}, {threads} threads, {args.rounds} rounds, max abs error "
                   f"on {errs[True]:.1e} off {errs[False]:.1e}")
             for k, v in med.items():
-                print(f"  {k:28s} {v * 1e3:8.3f} ms")
-            print(f"  on / off = {med[f'{args.switch}=on'] / med[f'{args.switch}=off']:.3f}")
+                print(f"  {k:40s} {v * 1e3:8.3f} ms")
+            print(f"  {'A / B' if args.against else 'on / off'} = {med[a_label] / med[b_label]:.3f}")
             out[f"{name}-{size}"] = {"ms": {k: v * 1e3 for k, v in med.items()}, "max_err": errs}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
