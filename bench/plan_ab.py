@@ -44,8 +44,7 @@ def main(argv=None):
         sys.exit(f"error: planforge.targets.cpu.plan has no switch {args.switch!r} (a bool attribute)")
     threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
-    a_label, b_label = ((f"{args.spec}", f"{args.against}") if args.against else
-                        (f"{args.switch}=on", f"{args.switch}=off"))
+    a_label, b_label = (args.spec, args.against) if args.against else (f"{args.switch}=on", f"{args.switch}=off")
     out = {"switch": args.switch, "against": args.against, "threads": threads, "rounds": args.rounds}
     for name in args.models.split(","):
         for size in (int(s) for s in args.sizes.split(",")):

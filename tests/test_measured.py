@@ -258,7 +258,7 @@ class _Backend2:
 
     def remeasure(self, cands, libraries=None, rounds=3):
         self.log.append(("race", [(c["kc"], c["vec"]) for c in cands]))
-        return self.measure(cands)[:0] + [Outcome.measured([self.time_of(c.as_dict())] * 3) for c in cands], {}
+        return [Outcome.measured([self.time_of(c.as_dict())] * 3 * rounds) for c in cands], {}
 
     def close(self):
         pass

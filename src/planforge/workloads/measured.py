@@ -132,18 +132,16 @@ def measure_first_settings(genome, target, configs_of: dict[str, dict], weight: 
         if store.spent >= store.seconds:
             break
         _confirm(pk, target, store, seed, cold)
-    # the problems taking a large share of this task's measured kernel time, largest first, refined
     share = {pk: weight * _best(store.times.get(pk, [])) for pk in order if _best(store.times.get(pk, [])) < math.inf}
     total = sum(share.values())
+    # the problems taking a large share of this task's measured kernel time, largest first, refined, then their
+    # fastest settings raced side by side, each on its own clock
     for pk in sorted(share, key=lambda p: -share[p]):
-        if store.refine_spent >= store.refine_seconds:
-            break
-        if pk not in store.refined and share[pk] >= REFINE_SHARE * total:
+        if share[pk] < REFINE_SHARE * total:
+            continue
+        if pk not in store.refined and store.refine_spent < store.refine_seconds:
             _refine(pk, target, store, seed, cold, ranker)
-    for pk in sorted(share, key=lambda p: -share[p]):  # the same problems' fastest settings, side by side
-        if store.race_spent >= store.race_seconds:
-            break
-        if pk not in store.raced and share[pk] >= REFINE_SHARE * total:
+        if pk not in store.raced and store.race_spent < store.race_seconds:
             _race(pk, target, store, seed, cold)
     out = {}
     for pk, ts in store.times.items():
