@@ -63,17 +63,47 @@ def test_weights_are_cold_when_the_model_outgrows_half_the_last_cache_level():
     assert not weights_cold(g, SimpleNamespace(ceilings=lambda: _ceilings(cache, kind="gpu")))
 
 
+def test_a_last_level_that_reads_no_faster_than_memory_holds_no_weights():
+    """A guest's reported L3 read at DRAM's rate: the weights are cold once they outgrow the L2s, not the L3."""
+    g = ZOO["policy-mlp"]()
+    w = g.param_bytes()
+    cache = {"L2": (w // 2, 2, 1), "L3": (100 * w, 1, 2)}  # the L2s hold the weights once, the L3 fifty times over
+    slow = {"L2": {"read": (1e11, 2e11)}, "L3": {"read": (1.6e10, 3.4e10)}, "DRAM": {"read": (1.6e10, 3.1e10)}}
+    fast = {**slow, "L3": {"read": (5e10, 1.5e11)}}
+    assert weights_cold(g, SimpleNamespace(ceilings=lambda: replace(_ceilings(cache), bw=slow)))
+    assert not weights_cold(g, SimpleNamespace(ceilings=lambda: replace(_ceilings(cache), bw=fast)))
+    roomy = {"L2": (2 * w + 2, 2, 1), "L3": (100 * w, 1, 2)}  # the L2s alone hold the weights twice over: hot
+    assert not weights_cold(g, SimpleNamespace(ceilings=lambda: replace(_ceilings(roomy), bw=slow)))
+
+
 def test_a_cpu_backend_for_cold_weights_scrubs_and_a_cold_target_keeps_its_flush(profile):
     t = get_target("cpu")
     p = Problem("gemm", (8, 64, 48), "bias")
     hot, cold = t.kernel_backend(p), t.kernel_backend(p, constant_weights=True, cold_weights=True)
     try:
-        assert hot.timing.scrub_bytes == 0 and cold.timing.scrub_bytes == scrub_bytes(t.profile().caches)
+        fast = {name: c for name, c in t.profile().caches.items()
+                if {"L1d": "L1"}.get(name, name) in t.ceilings().caching_levels()}
+        assert hot.timing.scrub_bytes == 0 and cold.timing.scrub_bytes == scrub_bytes(fast)
         assert cold.timing.flush_bytes == 0
     finally:
         hot.close(), cold.close()
     flushing = type(t)(timing=TimingConfig(flush_bytes=1 << 20))  # all caches cold already: nothing to add
     assert flushing._timing(True) == flushing.timing
+
+
+def test_the_scrub_reads_only_the_caches_that_read_faster_than_memory(profile):
+    """A guest's 480 MiB L3 read at DRAM's rate is not read through before each sample (a gigabyte a sample); a
+    fast one is."""
+    from planforge.targets.cpu.probe import CacheLevel
+
+    caches = {"L1d": CacheLevel(48 << 10, 1, 2), "L2": CacheLevel(2 << 20, 1, 2), "L3": CacheLevel(480 << 20, 2, 1)}
+    dram = profile.bandwidth["DRAM"]
+    for l3, want in ((1.1, scrub_bytes({k: caches[k] for k in ("L1d", "L2")})), (3.0, scrub_bytes(caches))):
+        bw = {**profile.bandwidth, "L3": {k: l3 * x for k, x in dram.items()}}
+        bw1 = {**profile.bandwidth_1t, "L3": {k: l3 * x for k, x in profile.bandwidth_1t["DRAM"].items()}}
+        t = type(get_target("cpu"))()
+        t.pinned = replace(profile, caches=caches, held_bytes={}, bandwidth=bw, bandwidth_1t=bw1)
+        assert t._timing(True).scrub_bytes == want
 
 
 def test_a_kernel_timed_with_cold_weights_is_scrubbed_before_every_sample(profile, monkeypatch):
