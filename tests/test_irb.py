@@ -31,13 +31,29 @@ def test_every_sampled_setting_matches_the_reference(profile, p):
     pixel counts that no register tile divides."""
     space = TEMPLATES["irb"].space(p, limits(profile))
     cands = sample_knobs(space, 400, seed=5)
-    pick = [c for c in cands if c["whole"] == 1][:4] + [c for c in cands if c["whole"] == 0][:4]
+    pick = [[c for c in cands if c["whole"] == 1 and c["pf"] == q][:2] for q in (0, 1)]
+    pick = pick[0] + pick[1] + [c for c in cands if c["whole"] == 0][:4]
     pick += [space.nearest_valid(TEMPLATES["irb"].defaults(p, limits(profile)))]
     if profile.physical_cores >= 2:
         pick += [c for c in cands if c["threads"] == 2 and c["split"] == "e"][:2]
         pick += [c for c in cands if c["threads"] == 2 and c["split"] == "h"][:2]
-    assert {c["whole"] for c in pick} == {0, 1}
+    assert {c["whole"] for c in pick} == {0, 1} and {c["pf"] for c in pick} == {0, 1}
     assert assert_candidates_correct(p, profile, pick) == len(pick)
+
+
+def test_only_a_whole_map_prefetches_its_weights(profile):
+    """``pf`` prefetches the weight streams of a whole-map block (each weight read once a call), and the space
+    has no ``pf`` for the row-by-row form (its weights are read once a row, from the caches after the first)."""
+    p = PROBLEMS[0]
+    space = TEMPLATES["irb"].space(p, limits(profile))
+    base = TEMPLATES["irb"].defaults(p, limits(profile))
+    src = {}
+    for whole, pf in ((1, 1), (1, 0), (0, 0)):
+        k = space.nearest_valid({**base, "whole": whole, "pf": pf, "threads": 1, "split": "h"})
+        assert (k["whole"], k["pf"]) == (whole, pf)
+        src[whole, pf] = TEMPLATES["irb"].source(p, k.as_dict())
+    assert "__builtin_prefetch" in src[1, 1] and "__builtin_prefetch" not in src[1, 0] + src[0, 0]
+    assert not space.is_valid(space.make({**base, "whole": 0, "pf": 1, "threads": 1, "split": "h"}))
 
 
 def test_library_baselines_match_the_reference():
