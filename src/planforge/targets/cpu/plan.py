@@ -22,7 +22,7 @@ from ...ops.kernel import gemm_residual
 from ...ops.pool import geometry as pool_geometry
 from .templates import TEMPLATES, maxpool, passes
 from .templates.parfor import open_library, wake_step
-from .templates.scratch import aligned_zeros, share
+from .templates.scratch import Pages, aligned_zeros, huge_pages, share
 
 ALIGN = 16  # floats: 64-byte aligned slots
 U32 = 2.0**-24
@@ -47,6 +47,9 @@ COMPILED_POOLS = {"maxpool2d": False, "maxpool2d_nhwc": True}
 WAKE_PARTS = True
 # the global mean, broadcast multiply and transpose library steps as compiled passes (``templates/passes.py``)
 COMPILED_PASSES = True
+# a plan's large arrays (packed weights, arenas) in huge pages (``templates/scratch.py``, ``Pages``); a chain's
+# parts share one ``Pages`` with their ``SharedArena``
+HUGE_PAGES = True
 
 
 def lib_step(kind: str, attr: str, ins: list[np.ndarray], out: np.ndarray) -> Callable[[], None]:
@@ -414,7 +417,9 @@ class SharedArena:
     the largest part's values all at once, an upper bound of what its arena needs)."""
 
     def __init__(self, capacity: int):
-        self.buffer = aligned_zeros(max(int(capacity), 0) + ALIGN)
+        self.pages = Pages()  # the parts' large arrays too (``CpuTarget.plan``)
+        with huge_pages(self.pages if HUGE_PAGES else None):
+            self.buffer = aligned_zeros(max(int(capacity), 0) + ALIGN)
 
     def region(self, floats: int) -> np.ndarray:
         """The whole region, for a part that needs ``floats`` of it (``PlanError`` when it is smaller)."""

@@ -286,9 +286,11 @@ class CpuTarget:
         """``program`` (a spec's steps) compiled here and bound to ``graph``'s weights; None: the numpy
         baseline. ``TargetError`` names the first step that does not compile. ``inputs``: arrays the plan
         reads those inputs from in place; ``shared``: a chain's ``SharedArena`` (``Plan``'s; default None)."""
+        from . import plan as plan_mod
         from .build import build_many
         from .graph import numpy_forward, template_source
         from .plan import Plan
+        from .templates.scratch import Pages, huge_pages
 
         if program is None:
             return _LibraryPlan(numpy_forward(graph), list(graph.outputs))
@@ -301,7 +303,9 @@ class CpuTarget:
             if b is None:
                 raise TargetError(f"step {c} does not compile here: {err}")
             libs[c] = str(b.path)
-        return Plan(graph, program, libs, problems, inputs=inputs, shared=shared)
+        pages = (shared.pages if shared is not None else Pages()) if plan_mod.HUGE_PAGES else None
+        with huge_pages(pages):  # its packed weights and arenas in huge pages
+            return Plan(graph, program, libs, problems, inputs=inputs, shared=shared)
 
 
 __all__ = ["CpuTarget", "ceilings_of", "quick_probe"]

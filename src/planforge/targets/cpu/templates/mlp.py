@@ -248,6 +248,24 @@ struct pool {
 _MLP = r"""
 static inline long rup(long n) { return (n + 15) / 16 * 16; }  /* floats: 64-byte aligned pieces */
 
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+/* a thread's weights of 2 MiB or more in huge pages (transparent huge pages in their madvise mode; what
+   ``templates/scratch.py``'s ``Pages`` does for the other templates' packed weights) */
+static void *mlp_alloc(size_t n) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const size_t huge = (size_t)2 << 20;
+    if (n >= huge) {
+        const size_t sz = (n + huge - 1) / huge * huge;
+        void *m = aligned_alloc(huge, sz);
+        if (m) madvise(m, sz, MADV_HUGEPAGE);
+        return m;
+    }
+#endif
+    return aligned_alloc(64, n);
+}
+
 /* thread t's slice of layer i: output columns (split N, whole blocks of JBV) or input rows (split K) */
 static void slice_of(int i, int t, int *lo, int *hi) {
     const int K = LK[i], N = LN[i];
@@ -408,7 +426,7 @@ static int mlp_init(struct pool *p, int t) {
         slice_bytes(i, LSPLIT[i] ? w : LK[i], LSPLIT[i] ? LN[i] : w, &wb[i], &sb[i]);
         n += rupb(wb[i]) + rupb(sb[i]);
     }
-    char *m = aligned_alloc(64, (size_t)rupb(n));
+    char *m = mlp_alloc((size_t)rupb(n));
     if (!m) return -1;
     memset(m, 0, (size_t)n);  /* first touch by the thread that reads it */
     p->mem[t] = m;

@@ -9,20 +9,86 @@ between calls (a convolution writes its padding borders on every call).
 from __future__ import annotations
 
 import ctypes
-from typing import Iterable
+import mmap
+import threading
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
 import numpy as np
 
 ALIGN = 16  # floats: every region starts 64-byte aligned
+
+HUGE_PAGE = 2 << 20  # bytes: x86-64's huge page, what a ``Pages`` chunk is aligned to and made of
+SMALL = 64 << 10  # bytes: arrays under this stay on numpy's heap, even within ``huge_pages``
+
+
+class Pages:
+    """The large arrays of one plan (its packed weights, its arenas), in chunks of whole 2 MiB pages, each chunk
+    2 MiB-aligned and advised as huge pages (``madvise(MADV_HUGEPAGE)``: Linux's transparent huge pages in their
+    ``madvise`` mode back it with 2 MiB pages, where numpy's own arrays get 4 KiB ones). A large model's weights
+    stream from memory through thousands of 4 KiB pages a call, each a page walk; MobileNetV2 at 96 (14 MB of
+    weights) on the 2-core Xeon guest, its plan loaded twice in one process, interleaved: 0.972, 0.957 and 0.977
+    of the time with this, 0.99 with the same layout in 4 KiB pages. Bump-allocated, never freed on its own: the
+    chunks go when the last array in them does. Where ``MADV_HUGEPAGE`` is not there (not Linux) or a chunk
+    cannot be mapped, ``take`` returns None and the caller allocates on the heap."""
+
+    def __init__(self):
+        self._chunk: np.ndarray | None = None
+        self._pos = 0
+        self.mapped = 0  # bytes of chunks mapped so far
+
+    def take(self, nbytes: int, align: int) -> np.ndarray | None:
+        """``nbytes`` zero bytes at a multiple of ``align``, or None."""
+        if not hasattr(mmap, "MADV_HUGEPAGE"):
+            return None
+        if self._chunk is not None:
+            off = self._pos + (-(self._chunk.ctypes.data + self._pos) % align)
+            if off + nbytes <= self._chunk.size:
+                self._pos = off + nbytes
+                return self._chunk[off: off + nbytes]
+        size = -(-max(nbytes + align, 1) // HUGE_PAGE) * HUGE_PAGE
+        try:
+            m = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, ValueError):
+            return None
+        raw = np.frombuffer(m, np.uint8)
+        start = -raw.ctypes.data % HUGE_PAGE
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE, start, size)
+        except OSError:  # a kernel without transparent huge pages: the chunk still serves, in small pages
+            pass
+        self._chunk, self._pos, self.mapped = raw[start: start + size], 0, self.mapped + size
+        self._pos = nbytes
+        return self._chunk[:nbytes]
+
+
+_local = threading.local()
+
+
+@contextmanager
+def huge_pages(pages: Pages | None) -> Iterator[None]:
+    """Within it (on this thread), ``aligned_zeros`` takes arrays of ``SMALL`` bytes or more from ``pages``
+    (None: from the heap, as outside it)."""
+    before = getattr(_local, "pages", None)
+    _local.pages = pages
+    try:
+        yield
+    finally:
+        _local.pages = before
 
 
 def aligned_zeros(shape, dtype=np.float32, align: int = 64) -> np.ndarray:
     """``np.zeros(shape, dtype)`` starting at an address that is a multiple of ``align`` bytes (default 64, a
     cache line and an AVX-512 vector). numpy's own large arrays start 16 bytes past one, so that every 64-byte
     vector load of a packed weight panel, and every store into an arena slot, spanned two lines (a convolution's
-    weights 16 bytes off: 4% slower alone)."""
+    weights 16 bytes off: 4% slower alone). Within ``huge_pages``, a large one comes from its ``Pages``."""
     dt = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64))
+    pages = getattr(_local, "pages", None)
+    if pages is not None and n * dt.itemsize >= SMALL:
+        got = pages.take(n * dt.itemsize, align)
+        if got is not None:
+            return got.view(dt).reshape(shape)
     raw = np.zeros(n * dt.itemsize + align, np.uint8)
     off = -raw.ctypes.data % align
     return raw[off: off + n * dt.itemsize].view(dt).reshape(shape)
