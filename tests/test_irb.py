@@ -49,7 +49,8 @@ def test_only_a_whole_map_prefetches_its_weights(profile):
     base = TEMPLATES["irb"].defaults(p, limits(profile))
     src = {}
     for whole, pf in ((1, 1), (1, 0), (0, 0)):
-        k = space.nearest_valid({**base, "whole": whole, "pf": pf, "threads": 1, "split": "h"})
+        k = space.nearest_valid({**base, "whole": whole, "pf": pf, "threads": 1, "split": "h"}, 3,
+                                keep=("whole", "pf", "threads"))
         assert (k["whole"], k["pf"]) == (whole, pf)
         src[whole, pf] = TEMPLATES["irb"].source(p, k.as_dict())
     assert "__builtin_prefetch" in src[1, 1] and "__builtin_prefetch" not in src[1, 0] + src[0, 0]
@@ -200,7 +201,7 @@ def test_a_block_without_expansion_reads_no_stale_scratch_past_its_channels(prof
     pool.pf_pool_scratch.argtypes = [ctypes.c_size_t]
     for whole in (0, 1):
         k = space.nearest_valid({**TEMPLATES["irb"].defaults(p, limits(profile)), "nv1": 3, "whole": whole,
-                                 "threads": 1})
+                                 "pf": 0, "threads": 1}, 3, keep=("nv1", "whole", "pf", "threads"))
         assert k is not None and k["whole"] == whole and 40 % (k["nv1"] * k["vec"])
         lib = open_library(build(TEMPLATES["irb"].source(p, k.as_dict())).path)
         out = np.empty(want.shape, np.float32)

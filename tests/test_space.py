@@ -113,6 +113,11 @@ def test_nearest_valid_snaps_a_default_that_breaks_the_rules():
     tight = Space([categorical("a", (1, 2, 3)), categorical("b", (1, 2, 3))], ["a + b <= 2"])
     assert tight.nearest_valid({"a": 3, "b": 3}, max_changes=1) is None               # needs both to move
     assert tight.nearest_valid({"a": 3, "b": 3}).as_dict() == {"a": 1, "b": 1}
+    # knobs named in keep never move: vec=16 stays, so jb must fall to 1
+    assert sp.nearest_valid({"vec": 16, "jb": 4}, keep=("vec",)).as_dict() == {"vec": 16, "jb": 1}
+    assert sp.nearest_valid({"vec": 16, "jb": 4}, keep=("vec", "jb")) is None
+    with pytest.raises(KeyError, match="nope"):
+        sp.nearest_valid({"vec": 16, "jb": 4}, keep=("nope",))
 
 
 def test_sampling_a_space_too_large_to_enumerate_whose_rules_reject_nearly_every_draw():

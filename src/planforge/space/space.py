@@ -12,7 +12,7 @@ import json
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 from .restrict import Restriction, RestrictionError
 
@@ -364,18 +364,24 @@ class Space:
                 return self.candidate(idx)
         return a
 
-    def nearest_valid(self, config: Mapping[str, Value], max_changes: int = 2) -> Candidate | None:
+    def nearest_valid(self, config: Mapping[str, Value], max_changes: int = 2,
+                      keep: Collection[str] = ()) -> Candidate | None:
         """The valid point closest to ``config`` (a full config, maybe breaking restrictions): fewest knobs
-        changed (at most ``max_changes``), then the smallest moves along each knob's values; None when none is
-        that close. A careful first setting that breaks this machine's restrictions is snapped, not dropped."""
+        changed (at most ``max_changes``, never those named in ``keep``), then the smallest moves along each
+        knob's values; None when none is that close. A careful first setting that breaks this machine's
+        restrictions is snapped, not dropped."""
         from itertools import combinations, product
 
+        unknown = set(keep) - {k.name for k in self.knobs}
+        if unknown:
+            raise KeyError(f"keep names knobs this space does not have: {sorted(unknown)}")
         base = tuple(k.index(config[k.name]) for k in self.knobs)
         if self.is_valid_index(base):
             return self.candidate(base)
+        movable = [i for i, k in enumerate(self.knobs) if k.name not in keep]
         for n in range(1, max_changes + 1):
             best = None
-            for which in combinations(range(len(self.knobs)), n):
+            for which in combinations(movable, n):
                 choices = [[j for j in range(self._radix[i]) if j != base[i]] for i in which]
                 for js in product(*choices):
                     idx = list(base)
