@@ -170,7 +170,8 @@ def test_kernels_sharing_the_per_thread_scratch_leave_each_other_correct_padding
     for p in (small, big):
         space = TEMPLATES["irb"].space(p, limits(profile))
         for whole in (1, 0):
-            k = space.nearest_valid({**TEMPLATES["irb"].defaults(p, limits(profile)), "whole": whole, "threads": 1})
+            k = space.nearest_valid({**TEMPLATES["irb"].defaults(p, limits(profile)), "whole": whole, "pf": 0,
+                                     "threads": 1}, 3, keep=("whole", "threads"))
             lib = open_library(build(TEMPLATES["irb"].source(p, k.as_dict())).path)
             inp = make_inputs(p, 4)
             out = np.empty(reference(p, inp).shape, np.float32)
