@@ -24,8 +24,12 @@ the e-graph's plan to the best fixed order's is tested one-sided both ways (``sc
 or ``faster`` where that is significant (p < 0.05) and the median ratio lies beyond the control's distance from 1,
 ``tie`` otherwise (the instrument cannot tell them apart).
 
-Run: ``.venv/bin/python bench/phase_order.py [--budget 6] [--rounds 15] [--models conv-bn-relu,residual,resnet]
-[--json out.json]``
+Models: Conv3x3-BN-ReLU at 1x32x28x28, a ResNet basic block at 1x32x14x14, a tiny ResNet (3x3 stem, one basic
+block per stage, 1x3x32x32) and ResNet-18 at 1x3x96x96 (``planforge.ir.zoo.resnet18``: twenty convolutions, eight
+residual adds; its five tunings take most of the run's time).
+
+Run: ``.venv/bin/python bench/phase_order.py [--budget 6] [--rounds 15]
+[--models conv-bn-relu,residual,resnet,resnet18] [--json out.json]``
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ import numpy as np
 
 from planforge.api import load, tune
 from planforge.ir import GraphBuilder
-from planforge.ir.zoo import _basic_block, conv_bn_relu, tiny_resnet
+from planforge.ir.zoo import _basic_block, conv_bn_relu, resnet18, tiny_resnet
 from planforge.rewrite import Limits
 from planforge.rewrite.phases import ORDERS, fixed_order
 from planforge.workloads import models as wl_models
@@ -57,7 +61,8 @@ CONTROL = "e-graph again"  # the e-graph's plan loaded a second time, timed besi
 
 MODELS = {"conv-bn-relu": lambda: conv_bn_relu(size=28, cin=32, cout=32),
           "residual": residual,
-          "resnet": lambda: tiny_resnet(size=32, width=16, blocks=(1, 1))}
+          "resnet": lambda: tiny_resnet(size=32, width=16, blocks=(1, 1)),
+          "resnet18": lambda: resnet18(96)}   # the whole of ResNet-18, at the issue's smaller size
 
 
 def sequential(order: tuple[str, ...]):

@@ -675,3 +675,24 @@ def test_a_partitioned_mobilenet_like_cnn_runs_nhwc_from_its_input_to_its_classi
         assert np.abs(loaded(x2.numpy())[0] - want2).max() < 1e-4 * (1 + np.abs(want2).max())
         with pytest.raises(PlanMismatch, match="tuned for"):
             loaded(np.zeros((1, 3, 15, 16), np.float32))
+
+
+def test_the_zoo_resnet18_has_resnet18s_layers_and_weights():
+    """The zoo's ResNet-18 (what ``bench/phase_order.py --models resnet18`` tunes): 20 convolutions, each with its
+    batch norm, 8 residual adds, and torchvision's 11,689,512 parameters less its 9,600 batch-norm affine ones
+    (a zoo batch norm holds its scale and shift with its statistics); a 7x7 stride-2 stem and a max pool halve the
+    input twice, four stages halve it three more times."""
+    from collections import Counter
+
+    g = ZOO["resnet18"](64)
+    ops = Counter(n.op for n in g.nodes)
+    assert (ops["conv2d"], ops["batchnorm"], ops["add"], ops["maxpool2d"]) == (20, 20, 8, 1)
+    conv = sum(v.size for k, v in g.params.items() if v.ndim == 4)
+    fc = g.params["fc.w"].size + g.params["fc.b"].size
+    assert conv + fc == 11_689_512 - 9_600
+    shapes = g.shapes()
+    assert shapes[g.nodes[0].output] == (1, 64, 32, 32)                     # the stem: stride 2
+    pool = next(n for n in g.nodes if n.op == "adaptive_avg_pool2d")
+    assert shapes[pool.inputs[0]] == (1, 512, 2, 2)                        # 64 / 32
+    (out,) = g.evaluate(*g.example_inputs())
+    assert out.shape == (1, 1000) and np.isfinite(out).all()

@@ -115,11 +115,12 @@ def conv_bn_relu(size: int = 16, cin: int = 8, cout: int = 16) -> Graph:
 
 
 def tiny_resnet(size: int = 32, width: int = 16, blocks: tuple[int, ...] = (2, 2), classes: int = 10,
-                seed: int = 0) -> Graph:
-    """A small ResNet: a 3x3 stem, max pool, stages of basic blocks (each stage after the first halves the size and
-    doubles the width), global average pool and a linear head; identical blocks of a stage make one task."""
-    b = GraphBuilder(f"resnet-tiny-{size}-w{width}", seed=seed)
-    h = _conv_bn(b, b.input("x", (1, 3, size, size)), 3, width, 3, "stem")
+                seed: int = 0, stem: tuple[int, int] = (3, 1), name: str = "") -> Graph:
+    """A small ResNet: a stem convolution (``stem``: kernel and stride; 3x3 stride 1 by default), max pool, stages of
+    basic blocks (each stage after the first halves the size and doubles the width), global average pool and a
+    linear head; identical blocks of a stage make one task."""
+    b = GraphBuilder(name or f"resnet-tiny-{size}-w{width}", seed=seed)
+    h = _conv_bn(b, b.input("x", (1, 3, size, size)), 3, width, stem[0], "stem", stem[1])
     h = b.op("maxpool2d", h, kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1))
     cin = width
     for s, n in enumerate(blocks):
@@ -129,6 +130,12 @@ def tiny_resnet(size: int = 32, width: int = 16, blocks: tuple[int, ...] = (2, 2
             cin = cout
     h = b.op("reshape", b.op("adaptive_avg_pool2d", h, out=(1, 1)), shape=(1, cin))
     return b.output(b.linear(h, cin, classes, "fc"))
+
+
+def resnet18(size: int = 224, classes: int = 1000, seed: int = 0) -> Graph:
+    """ResNet-18 (He et al.): a 7x7 stride-2 stem, max pool, four stages of two basic blocks at widths 64-512, global
+    average pool, a 1000-way linear head; batch norms with inference statistics, random weights."""
+    return tiny_resnet(size, 64, (2, 2, 2, 2), classes, seed, stem=(7, 2), name=f"resnet18-{size}")
 
 
 def mobile_block(size: int = 16, cin: int = 16, expand: int = 4) -> Graph:
@@ -143,4 +150,5 @@ def mobile_block(size: int = 16, cin: int = 16, expand: int = 4) -> Graph:
 
 ZOO["conv-bn-relu"] = conv_bn_relu
 ZOO["resnet-tiny"] = tiny_resnet
+ZOO["resnet18"] = resnet18
 ZOO["mobile-block"] = mobile_block
