@@ -331,3 +331,20 @@ def test_refinement_has_its_own_clock_and_leaves_small_problems_alone():
     g = _genome2({"a": GEMM, "b": GEMM2}, [{"kc": 32, "vec": 8}, {"kc": 64, "vec": 8}])
     info = measure_first_settings(g, target, {"a": {}, "b": {}}, 1, store, ranker=_model)
     assert info["gemm 32x256x256 bias"]["refined"] > 0 and info["gemm 32x256x1024 bias"]["refined"] == 0
+
+
+def test_each_task_gets_its_weights_share_of_the_kernel_clocks_and_passes_on_what_it_leaves():
+    """A model's tasks share the kernel clocks by weight: with a 90 s clock, a task run twice of a model whose tasks
+    weigh 2 + 1 may spend 60 s; what it leaves passes to the next, which may then spend all that is left. Without
+    a task begun, the whole clock is there (a one-task workload)."""
+    from planforge.workloads.measured import Measured
+
+    m = Measured(seconds=90.0, refine_seconds=30.0, race_seconds=20.0)
+    assert m.left("spent") == 90.0
+    m.start_task(2, 3)
+    assert m.left("spent") == pytest.approx(60.0) and m.left("refine_spent") == pytest.approx(20.0)
+    m.spent, m.refine_spent = 10.0, 25.0   # over its refinement share: the next is given what is left
+    assert m.left("spent") == pytest.approx(50.0) and m.left("refine_spent") < 0
+    m.start_task(1, 1)
+    assert m.left("spent") == pytest.approx(80.0) and m.left("refine_spent") == pytest.approx(5.0)
+    assert m.left("race_spent") == pytest.approx(20.0)

@@ -444,7 +444,10 @@ def graph_workload(graph: Graph, name: str, options: dict[str, Any] | None = Non
         # the parts repeated most first: the kernels they measure, and refine, are the model's largest shares of
         # both clocks (ViT-tiny's patch embedding, run once, spent 17 of its 40 s refining before the 12 blocks)
         built = sorted(part.keys.items(), key=lambda kv: -len(kv[1]))
+        weight_left = sum(len(idx) for _, idx in built)
         for key, idx in built:
+            store.start_task(len(idx), weight_left)  # each task its weight's share of the kernel clocks
+            weight_left -= len(idx)
             rep = part.parts[idx[0]]
             # a part is judged on what flows into it when the model runs on the validation draws
             flows = [[v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v
